@@ -1,1 +1,115 @@
-fn main() {}
+//! The `weir` command line.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use weir::config::{ServeArgs, ServeConfig};
+use weir::device;
+use weir::pool::SingleDevice;
+use weir::sched::DeviceQueue;
+use weir::server::{self, Export, Exports, Listeners};
+use weir::volume::Volume;
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "A user-space block storage server that exports volumes over NBD"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve exports over NBD (with no exports configured: a 1 GiB demo volume).
+    Serve(ServeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(&args),
+    };
+    if let Err(err) = result {
+        eprintln!("weir: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let config = ServeConfig::resolve(args)?;
+    init_logging(&config.log_level);
+    let specs = if config.exports.is_empty() {
+        vec![config.embedded_default()?]
+    } else {
+        config.exports.clone()
+    };
+    let mut exports = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        let device = device::open(&spec.device, spec.read_only, config.io_engine)
+            .with_context(|| format!("cannot open export {:?}", spec.name))?;
+        let volume = Volume::new(
+            Arc::new(SingleDevice::new(DeviceQueue::new(device))),
+            spec.read_only,
+        );
+        tracing::info!(
+            export = spec.name,
+            size_bytes = volume.size_bytes(),
+            read_only = spec.read_only,
+            "exporting {}",
+            volume.description()
+        );
+        exports.push(Export {
+            name: spec.name.clone(),
+            description: spec.description.clone(),
+            volume: Arc::new(volume),
+        });
+    }
+    let exports = Arc::new(Exports::new(exports, config.max_block_bytes));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("cannot install signal handlers")?;
+    }
+    let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
+    print_connect_hint(&listeners, &specs[0].name);
+    server::serve(listeners, exports, &stop)
+}
+
+/// One line telling the user how to connect.
+fn print_connect_hint(listeners: &Listeners, export: &str) {
+    let mut uris: Vec<String> = listeners
+        .tcp_addrs()
+        .iter()
+        .map(|addr| format!("nbd://{addr}/{export}"))
+        .collect();
+    if let Some(path) = listeners.unix_path() {
+        uris.push(format!("nbd+unix:///{export}?socket={}", path.display()));
+    }
+    let mut out = std::io::stdout();
+    let _ = writeln!(
+        out,
+        "weir {} serving {} — try: nbdinfo '{}'",
+        env!("CARGO_PKG_VERSION"),
+        uris.join(" and "),
+        uris[0]
+    );
+    let _ = out.flush();
+}

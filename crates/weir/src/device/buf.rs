@@ -1,0 +1,152 @@
+//! Page-aligned I/O buffers, recycled through a bounded pool.
+//!
+//! O_DIRECT needs the memory address aligned too, so every buffer starts on
+//! a 4 KiB boundary. Large aligned allocations are expensive (fresh pages
+//! fault in one by one), so freed buffers go back to a per-size-class free
+//! list; each class keeps at most `POOL_BYTES_PER_CLASS_MAX` bytes.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+
+/// Alignment of every buffer; covers the logical block size of any device.
+pub const BUF_ALIGN_BYTES: usize = 4096;
+const CLASS_MIN_SHIFT: u32 = 12; // 4 KiB
+const CLASS_MAX_SHIFT: u32 = 26; // 64 MiB
+const CLASS_COUNT: usize = (CLASS_MAX_SHIFT - CLASS_MIN_SHIFT + 1) as usize;
+const POOL_BYTES_PER_CLASS_MAX: usize = 64 << 20;
+
+struct FreeList {
+    buffers: Vec<NonNull<u8>>,
+}
+
+// SAFETY: the pointers are owned allocations no one else references while
+// they sit in the free list.
+unsafe impl Send for FreeList {}
+
+static POOL: [Mutex<FreeList>; CLASS_COUNT] = [const {
+    Mutex::new(FreeList {
+        buffers: Vec::new(),
+    })
+}; CLASS_COUNT];
+
+fn class_of(capacity: usize) -> Option<usize> {
+    let shift = capacity
+        .next_power_of_two()
+        .trailing_zeros()
+        .max(CLASS_MIN_SHIFT);
+    (shift <= CLASS_MAX_SHIFT).then(|| (shift - CLASS_MIN_SHIFT) as usize)
+}
+
+fn class_bytes(class: usize) -> usize {
+    1 << (class as u32 + CLASS_MIN_SHIFT)
+}
+
+/// An owned, aligned byte buffer holding `len` valid bytes.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    capacity: usize,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer of `len` bytes. Contents are initialised but unspecified
+    /// (zero or a previous user's data); callers overwrite all of it.
+    pub fn new(len: usize) -> Self {
+        let class = class_of(len.max(1));
+        let capacity = match class {
+            Some(class) => class_bytes(class),
+            None => len.next_multiple_of(BUF_ALIGN_BYTES),
+        };
+        if let Some(class) = class {
+            if let Some(ptr) = POOL[class].lock().buffers.pop() {
+                return AlignedBuf { ptr, capacity, len };
+            }
+        }
+        let layout = Layout::from_size_align(capacity, BUF_ALIGN_BYTES).expect("buffer layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, capacity, len }
+    }
+
+    /// A buffer of `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        let mut buf = Self::new(len);
+        buf.as_mut_slice().fill(0);
+        buf
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for capacity >= len initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Some(class) = class_of(self.capacity).filter(|c| class_bytes(*c) == self.capacity) {
+            let mut list = POOL[class].lock();
+            if (list.buffers.len() + 1) * self.capacity <= POOL_BYTES_PER_CLASS_MAX {
+                list.buffers.push(self.ptr);
+                return;
+            }
+        }
+        let layout =
+            Layout::from_size_align(self.capacity, BUF_ALIGN_BYTES).expect("buffer layout");
+        // SAFETY: allocated in `new` with this exact layout and not freed since.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_sized() {
+        for len in [1, 512, 4096, 5000, 1 << 20, 33 << 20] {
+            let mut buf = AlignedBuf::zeroed(len);
+            assert_eq!(buf.len(), len);
+            assert_eq!(buf.as_mut_ptr() as usize % BUF_ALIGN_BYTES, 0);
+            assert!(buf.as_slice().iter().all(|b| *b == 0));
+        }
+    }
+
+    #[test]
+    fn recycled_buffers_keep_their_class() {
+        let first = AlignedBuf::new(6000);
+        assert_eq!(first.capacity, 8192);
+        drop(first);
+        let second = AlignedBuf::new(8000);
+        assert_eq!(second.capacity, 8192);
+    }
+}

@@ -1,0 +1,309 @@
+//! Files and block devices, opened with O_DIRECT so the page cache never
+//! reorders or delays I/O behind weir's back (DESIGN principle 1).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use super::threads::ThreadEngine;
+use super::uring::UringEngine;
+use super::{push_extent, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome};
+
+/// `_IOR(0x12, 114, size_t)`: size of a block device in bytes.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// Alignment assumed where the kernel cannot tell us (safe for any device).
+const FALLBACK_ALIGN_BYTES: u32 = 4096;
+
+enum Engine {
+    Uring(UringEngine),
+    Threads(ThreadEngine),
+}
+
+pub struct FileDevice {
+    // Keeps the descriptor the engines use open; declared after `engine`
+    // so the engine threads stop before the file closes.
+    engine: Engine,
+    file: File,
+    info: DeviceInfo,
+}
+
+impl FileDevice {
+    pub fn open(path: &Path, read_only: bool, engine: IoEngine) -> io::Result<FileDevice> {
+        let open = |direct: bool| {
+            let flags = libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 };
+            OpenOptions::new()
+                .read(true)
+                .write(!read_only)
+                .custom_flags(flags)
+                .open(path)
+        };
+        let (file, direct) = match open(true) {
+            Ok(file) => (file, true),
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!(path = %path.display(), "filesystem refuses O_DIRECT; using buffered I/O");
+                (open(false)?, false)
+            }
+            Err(err) => return Err(err),
+        };
+        let meta = file.metadata()?;
+        let is_block = meta.file_type().is_block_device();
+        if !is_block && !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
+        }
+        let fd = file.as_raw_fd();
+        let (raw_size, align, rotational) = if is_block {
+            (
+                block_device_size(fd)?,
+                block_device_sector(fd)?,
+                block_device_rotational(meta.rdev()),
+            )
+        } else {
+            (
+                meta.len(),
+                if direct { dio_alignment(fd) } else { 1 },
+                false,
+            )
+        };
+        let size_bytes = raw_size - raw_size % u64::from(align);
+        if size_bytes != raw_size {
+            tracing::warn!(path = %path.display(), raw_size, size_bytes, "size is not a multiple of the {align}-byte block; the tail is not exported");
+        }
+        let (engine, engine_name) = match engine {
+            IoEngine::Threads => (Engine::Threads(ThreadEngine::start(fd)?), "threads"),
+            IoEngine::Uring | IoEngine::Auto => match UringEngine::start(fd) {
+                Ok(ring) => (Engine::Uring(ring), "io_uring"),
+                Err(err) if engine == IoEngine::Auto => {
+                    tracing::warn!(error = %err, "io_uring unavailable; falling back to a thread pool");
+                    (Engine::Threads(ThreadEngine::start(fd)?), "threads")
+                }
+                Err(err) => return Err(err),
+            },
+        };
+        let description = format!(
+            "{} {} ({engine_name}, {})",
+            if is_block { "block device" } else { "file" },
+            path.display(),
+            if direct { "O_DIRECT" } else { "buffered" }
+        );
+        let info = DeviceInfo {
+            size_bytes,
+            logical_block_bytes: align,
+            rotational,
+            description,
+        };
+        Ok(FileDevice { engine, file, info })
+    }
+}
+
+impl Device for FileDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, op: DeviceOp, done: Completion) {
+        op.assert_valid(&self.info);
+        match &self.engine {
+            Engine::Uring(ring) => ring.submit(op, done),
+            Engine::Threads(pool) => pool.submit(op, done),
+        }
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        let fd = self.file.as_raw_fd();
+        let end = offset + length;
+        let mut extents = Vec::new();
+        let mut at = offset;
+        while at < end && extents.len() < extents_max {
+            let data = match seek(fd, at, libc::SEEK_DATA) {
+                Ok(data) => data.min(end),
+                Err(err) if err.raw_os_error() == Some(libc::ENXIO) => end, // only a hole remains
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                    push_extent(&mut extents, end - at, false); // no hole support: all data
+                    break;
+                }
+                Err(err) => return Err(err),
+            };
+            push_extent(&mut extents, data - at, true);
+            if data >= end {
+                break;
+            }
+            let hole = seek(fd, data, libc::SEEK_HOLE)?.min(end);
+            push_extent(&mut extents, hole - data, false);
+            at = hole;
+        }
+        Ok(extents)
+    }
+}
+
+fn seek(fd: RawFd, offset: u64, whence: libc::c_int) -> io::Result<u64> {
+    // SAFETY: lseek on a descriptor we own; no memory is involved.
+    let at = unsafe { libc::lseek(fd, offset as libc::off_t, whence) };
+    if at < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(at as u64)
+    }
+}
+
+fn block_device_size(fd: RawFd) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer.
+    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+fn block_device_sector(fd: RawFd) -> io::Result<u32> {
+    let mut sector: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer.
+    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET as _, &mut sector as *mut libc::c_int) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((sector as u32).max(512))
+}
+
+fn block_device_rotational(rdev: u64) -> bool {
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/queue/rotational"))
+        .map(|text| text.trim() == "1")
+        .unwrap_or(false)
+}
+
+/// The file offset alignment O_DIRECT needs, from statx where the kernel
+/// reports it.
+fn dio_alignment(fd: RawFd) -> u32 {
+    // SAFETY: statx fills the zeroed struct; the empty path with
+    // AT_EMPTY_PATH refers to `fd` itself.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc == 0
+        && stx.stx_mask & libc::STATX_DIOALIGN != 0
+        && stx.stx_dio_offset_align.is_power_of_two()
+    {
+        stx.stx_dio_offset_align.max(stx.stx_dio_mem_align).max(512)
+    } else {
+        FALLBACK_ALIGN_BYTES
+    }
+}
+
+/// fallocate mode for a discard or write-zeroes.
+pub(super) fn fallocate_mode(op: &DeviceOp) -> libc::c_int {
+    match op {
+        DeviceOp::WriteZeroes {
+            may_unmap: false, ..
+        } => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        _ => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+    }
+}
+
+/// A discard the device cannot do is not an error: discard is advisory.
+pub(super) fn forgive_unsupported_discard(op: &DeviceOp, result: io::Result<()>) -> io::Result<()> {
+    match (op, &result) {
+        (DeviceOp::Discard { .. }, Err(err)) if err.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+            Ok(())
+        }
+        _ => result,
+    }
+}
+
+/// Run `op` with blocking system calls (the fallback engine).
+pub(super) fn execute_blocking(fd: RawFd, op: &mut DeviceOp) -> io::Result<()> {
+    let check = |rc: libc::ssize_t| {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc as usize)
+        }
+    };
+    match op {
+        DeviceOp::Read { offset, buf } => {
+            let mut done = 0;
+            while done < buf.len() {
+                let rest = &mut buf.as_mut_slice()[done..];
+                // SAFETY: `rest` is valid writable memory of rest.len() bytes.
+                let got = check(unsafe {
+                    libc::pread(
+                        fd,
+                        rest.as_mut_ptr().cast(),
+                        rest.len(),
+                        (*offset + done as u64) as libc::off_t,
+                    )
+                })?;
+                if got == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "read past end of device",
+                    ));
+                }
+                done += got;
+            }
+            Ok(())
+        }
+        DeviceOp::Write {
+            offset,
+            buf,
+            durable,
+        } => {
+            let flags = if *durable { libc::RWF_DSYNC } else { 0 };
+            let mut done = 0;
+            while done < buf.len() {
+                let rest = &buf.as_slice()[done..];
+                let iov = libc::iovec {
+                    iov_base: rest.as_ptr() as *mut _,
+                    iov_len: rest.len(),
+                };
+                // SAFETY: iov points at `rest`, valid for reads for its length.
+                let put = check(unsafe {
+                    libc::pwritev2(fd, &iov, 1, (*offset + done as u64) as libc::off_t, flags)
+                })?;
+                if put == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "device accepted no bytes",
+                    ));
+                }
+                done += put;
+            }
+            Ok(())
+        }
+        // SAFETY: plain system calls on a descriptor we own.
+        DeviceOp::Flush => check(unsafe { libc::fdatasync(fd) } as libc::ssize_t).map(drop),
+        DeviceOp::Discard { offset, length } | DeviceOp::WriteZeroes { offset, length, .. } => {
+            let (offset, length) = (*offset, *length);
+            let mode = fallocate_mode(op);
+            // SAFETY: as above.
+            let rc =
+                unsafe { libc::fallocate(fd, mode, offset as libc::off_t, length as libc::off_t) };
+            forgive_unsupported_discard(op, check(rc as libc::ssize_t).map(drop))
+        }
+    }
+}
+
+/// Finish an op executed by an engine: hand the buffer back with the result.
+pub(super) fn outcome(op: DeviceOp, result: io::Result<()>) -> Outcome {
+    let buf = match op {
+        DeviceOp::Read { buf, .. } | DeviceOp::Write { buf, .. } => Some(buf),
+        _ => None,
+    };
+    Outcome {
+        result,
+        buf,
+        hole: false,
+    }
+}

@@ -1,0 +1,21 @@
+//! weir: a user-space block storage server exporting volumes over NBD.
+//!
+//! The data path, top to bottom (each a module):
+//!
+//! ```text
+//!   server/   connections, handshake, per-connection in-flight budget
+//!   volume/   byte-granular requests -> aligned block ops (read-modify-write)
+//!   pool/     layout of volumes on devices (today: one whole device)
+//!   sched/    one queue per device; every I/O carries its class
+//!   device/   io_uring on files and block devices (O_DIRECT), memory
+//! ```
+//!
+//! The NBD wire protocol lives in the `weir-nbd` crate and stops at `server`.
+
+pub mod config;
+pub mod device;
+pub mod pool;
+pub mod sched;
+pub mod server;
+pub mod units;
+pub mod volume;

@@ -1,0 +1,61 @@
+//! Layout of volumes on devices. Today a volume sits on one whole device
+//! (`SingleDevice`, a raw export); mirrored, checksummed pools implement
+//! the same `Store` trait later, so the volume and server do not change.
+
+use std::io;
+
+use crate::device::{Completion, DeviceOp, Extent};
+use crate::sched::{DeviceQueue, IoClass};
+
+/// What a volume needs to know about the storage beneath it.
+#[derive(Clone, Debug)]
+pub struct StoreInfo {
+    pub size_bytes: u64,
+    /// Offsets and lengths of every op must be multiples of this.
+    pub block_bytes: u32,
+    pub rotational: bool,
+    pub description: String,
+}
+
+/// Aligned block storage for one volume. Contract: `done` runs exactly
+/// once; a read that completes `Ok` filled its whole buffer; a write with
+/// `durable` is on stable storage when `done` runs; a `Flush` makes every
+/// write completed before it durable.
+pub trait Store: Send + Sync {
+    fn info(&self) -> &StoreInfo;
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion);
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>>;
+}
+
+/// A volume that is a whole device, exported as is.
+pub struct SingleDevice {
+    queue: DeviceQueue,
+    info: StoreInfo,
+}
+
+impl SingleDevice {
+    pub fn new(queue: DeviceQueue) -> Self {
+        let device = queue.device().info();
+        let info = StoreInfo {
+            size_bytes: device.size_bytes,
+            block_bytes: device.logical_block_bytes,
+            rotational: device.rotational,
+            description: device.description.clone(),
+        };
+        SingleDevice { queue, info }
+    }
+}
+
+impl Store for SingleDevice {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        self.queue.submit(class, op, done)
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        self.queue.device().extents(offset, length, extents_max)
+    }
+}

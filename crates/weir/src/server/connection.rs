@@ -1,0 +1,355 @@
+//! One client connection: the handshake, then the transmission loop.
+//!
+//! ```text
+//!  socket ─read─> [this thread] decode ─> validate ─> volume.op(.., done)
+//!                                                            │ (any thread)
+//!  socket <─write─ [reply thread] <─── queue of replies <─────┘
+//! ```
+//!
+//! Requests run concurrently and are answered as they finish. The budget
+//! bounds bytes and requests in flight; when the client stops, the loop
+//! waits for everything in flight to be answered before closing.
+
+use std::io::{self, BufReader, Read, Write};
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_nbd::consts::{REQUEST_HEADER_BYTES, STATE_HOLE, STATE_ZERO};
+use weir_nbd::{Command, Errno, Handshake, Negotiated, Progress, RequestHeader, Session, Verdict};
+
+use super::budget::Budget;
+use super::exports::Exports;
+use super::replies::{self, Body, Reply};
+use super::stream::Stream;
+use crate::device::AlignedBuf;
+use crate::volume::{Done, Volume};
+
+/// A client that stalls mid-handshake longer than this is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests in flight per connection.
+const REQUESTS_IN_FLIGHT_MAX: u32 = 256;
+/// Extents returned for one BLOCK_STATUS request.
+const EXTENTS_PER_REPLY_MAX: usize = 1024;
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+
+pub fn serve(mut stream: Stream, exports: Arc<Exports>) {
+    let peer = stream.peer();
+    match handshake(&mut stream, &exports) {
+        Ok(Some(negotiated)) => {
+            tracing::debug!(peer, export = negotiated.export.name, "client connected");
+            transmission(stream, &exports, negotiated, &peer)
+        }
+        Ok(None) => tracing::debug!(peer, "client ended the handshake"),
+        Err(reason) => tracing::warn!(peer, "handshake failed: {reason}"),
+    }
+}
+
+fn handshake(stream: &mut Stream, exports: &Exports) -> Result<Option<Negotiated>, String> {
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut machine = Handshake::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        stream
+            .write_all(&machine.take_output())
+            .map_err(|e| format!("write failed: {e}"))?;
+        let got = match stream.read(&mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(got) => got,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!("no progress for {HANDSHAKE_TIMEOUT:?}"))
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(format!("read failed: {err}")),
+        };
+        match machine
+            .receive(&buf[..got], exports)
+            .map_err(|e| e.to_string())?
+        {
+            Progress::NeedMore => {}
+            Progress::Done(negotiated) => {
+                stream
+                    .write_all(&machine.take_output())
+                    .map_err(|e| format!("write failed: {e}"))?;
+                return Ok(Some(negotiated));
+            }
+            Progress::Aborted => {
+                // The spec lets a client hang up without reading the ACK.
+                let _ = stream.write_all(&machine.take_output());
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Sends one reply and carries the request's budget with it.
+#[derive(Clone)]
+struct Replier {
+    tx: Sender<Reply>,
+}
+
+impl Replier {
+    fn send(&self, handle: u64, budget_bytes: u64, body: Body) {
+        // The writer outlives every completion (the loop waits for the
+        // budget to drain before dropping it), so this cannot fail.
+        self.tx
+            .send(Reply {
+                handle,
+                body,
+                budget_bytes,
+            })
+            .expect("reply writer alive");
+    }
+
+    fn on_done(&self, handle: u64, budget_bytes: u64, what: &'static str) -> Done<()> {
+        let replier = self.clone();
+        Box::new(move |result| replier.send(handle, budget_bytes, result_body(result, what)))
+    }
+}
+
+fn result_body(result: io::Result<()>, what: &'static str) -> Body {
+    match result {
+        Ok(()) => Body::Ok,
+        Err(err) => error_body(&err, what),
+    }
+}
+
+fn error_body(err: &io::Error, what: &'static str) -> Body {
+    let errno = Errno::from_os(err.raw_os_error().unwrap_or(libc::EIO));
+    if errno != Errno::NotSup {
+        tracing::warn!(error = %err, "{what} failed");
+    }
+    Body::Error {
+        errno,
+        message: format!("{what}: {err}"),
+    }
+}
+
+fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer: &str) {
+    let export = exports
+        .find(&negotiated.export.name)
+        .expect("negotiated export exists");
+    let volume = Arc::clone(&export.volume);
+    let session = Session {
+        size_bytes: volume.size_bytes(),
+        read_only: volume.caps().read_only,
+        payload_bytes_max: exports.payload_bytes_max(),
+        structured_replies: negotiated.structured_replies,
+        base_allocation: negotiated.base_allocation,
+    };
+    let setup = stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.try_clone());
+    let writer_stream = match setup {
+        Ok(clone) => clone,
+        Err(err) => return tracing::warn!(peer, error = %err, "cannot set up connection"),
+    };
+    let budget = Arc::new(Budget::new(
+        2 * u64::from(session.payload_bytes_max),
+        REQUESTS_IN_FLIGHT_MAX,
+    ));
+    let (tx, rx) = mpsc::channel();
+    let writer = match replies::spawn(
+        writer_stream,
+        session.structured_replies,
+        Arc::clone(&budget),
+        rx,
+        peer.into(),
+    ) {
+        Ok(writer) => writer,
+        Err(err) => return tracing::warn!(peer, error = %err, "cannot start reply writer"),
+    };
+    let replier = Replier { tx };
+    let mut reader = BufReader::with_capacity(
+        READ_BUFFER_BYTES,
+        io::Cursor::new(negotiated.leftover).chain(stream),
+    );
+    let ended = requests(&mut reader, &volume, &session, &budget, &replier);
+    match ended {
+        Ok(why) => tracing::debug!(peer, "connection closed: {why}"),
+        Err(why) => tracing::warn!(peer, "dropping connection: {why}"),
+    }
+    budget.wait_idle();
+    drop(replier);
+    let _ = writer.join();
+}
+
+/// Serve requests until the client leaves. `Ok` is a clean end, `Err` a
+/// reason worth a warning.
+fn requests(
+    reader: &mut impl Read,
+    volume: &Arc<Volume>,
+    session: &Session,
+    budget: &Budget,
+    replier: &Replier,
+) -> Result<&'static str, String> {
+    loop {
+        let mut raw = [0u8; REQUEST_HEADER_BYTES];
+        match read_header(reader, &mut raw) {
+            Ok(true) => {}
+            Ok(false) => return Ok("client closed the connection"),
+            Err(err) => return Err(format!("disconnected mid-request header: {err}")),
+        }
+        let header = RequestHeader::decode(&raw).map_err(|e| e.to_string())?;
+        let handle = header.handle;
+        let command = match weir_nbd::request::validate(&header, session) {
+            Verdict::Run(command) => command,
+            Verdict::Reject {
+                errno,
+                reason,
+                discard_bytes,
+            } => {
+                tracing::info!(
+                    handle,
+                    kind = header.kind,
+                    offset = header.offset,
+                    length = header.length,
+                    "rejecting request with {}: {reason}",
+                    errno.name()
+                );
+                discard(reader, discard_bytes)
+                    .map_err(|e| format!("disconnected mid-payload: {e}"))?;
+                budget.acquire(0);
+                replier.send(
+                    handle,
+                    0,
+                    Body::Error {
+                        errno,
+                        message: reason.into(),
+                    },
+                );
+                continue;
+            }
+        };
+        match command {
+            Command::Disconnect => return Ok("client sent NBD_CMD_DISC"),
+            Command::Read { offset, length } => {
+                let bytes = u64::from(length);
+                budget.acquire(bytes);
+                let replier = replier.clone();
+                volume.read(
+                    offset,
+                    length,
+                    Box::new(move |result| {
+                        let body = match result {
+                            Ok(data) => Body::Read { offset, data },
+                            Err(err) => error_body(&err, "read"),
+                        };
+                        replier.send(handle, bytes, body)
+                    }),
+                );
+            }
+            Command::Write {
+                offset,
+                length,
+                fua,
+            } => {
+                let bytes = u64::from(length);
+                budget.acquire(bytes);
+                let mut data = AlignedBuf::new(length as usize);
+                if let Err(err) = reader.read_exact(data.as_mut_slice()) {
+                    budget.release(bytes);
+                    return Err(format!("disconnected mid-write payload: {err}"));
+                }
+                volume.write(offset, data, fua, replier.on_done(handle, bytes, "write"));
+            }
+            Command::Flush => {
+                budget.acquire(0);
+                volume.flush(replier.on_done(handle, 0, "flush"));
+            }
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => {
+                budget.acquire(0);
+                volume.trim(offset, length, fua, replier.on_done(handle, 0, "trim"));
+            }
+            Command::WriteZeroes {
+                offset,
+                length,
+                fua,
+                may_trim,
+                fast_only,
+            } => {
+                budget.acquire(0);
+                let done = replier.on_done(handle, 0, "write zeroes");
+                volume.write_zeroes(offset, length, fua, may_trim, fast_only, done);
+            }
+            Command::Cache { .. } => {
+                // weir keeps no cache yet (O_DIRECT throughout): nothing to prefetch into.
+                budget.acquire(0);
+                replier.send(handle, 0, Body::Ok);
+            }
+            Command::BlockStatus {
+                offset,
+                length,
+                one_extent,
+            } => {
+                budget.acquire(0);
+                let extents_max = if one_extent { 1 } else { EXTENTS_PER_REPLY_MAX };
+                let body = match volume.extents(offset, length, extents_max) {
+                    Ok(extents) => Body::BlockStatus(status_extents(&extents, length)),
+                    Err(err) => error_body(&err, "block status"),
+                };
+                replier.send(handle, 0, body);
+            }
+        }
+    }
+}
+
+/// Wire extents for `base:allocation`: never empty, never past `length`.
+fn status_extents(extents: &[crate::device::Extent], length: u32) -> Vec<(u32, u32)> {
+    let mut left = u64::from(length);
+    let mut out = Vec::with_capacity(extents.len().max(1));
+    for extent in extents {
+        let take = extent.length.min(left);
+        if take == 0 {
+            break;
+        }
+        out.push((
+            take as u32,
+            if extent.hole {
+                STATE_HOLE | STATE_ZERO
+            } else {
+                0
+            },
+        ));
+        left -= take;
+    }
+    if out.is_empty() {
+        out.push((length, 0));
+    }
+    out
+}
+
+/// Read a request header; `Ok(false)` on a clean end of stream before it.
+fn read_header(reader: &mut impl Read, raw: &mut [u8; REQUEST_HEADER_BYTES]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < raw.len() {
+        match reader.read(&mut raw[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(true)
+}
+
+/// Skip a rejected request's payload without buffering it.
+fn discard(reader: &mut impl Read, bytes: u32) -> io::Result<()> {
+    let copied = io::copy(&mut reader.take(u64::from(bytes)), &mut io::sink())?;
+    if copied < u64::from(bytes) {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! The server's exports, and what each advertises to clients.
+
+use std::sync::Arc;
+
+use weir_nbd::consts::*;
+use weir_nbd::{BlockSize, ExportCatalog, ExportDetails};
+
+use crate::volume::Volume;
+
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub volume: Arc<Volume>,
+}
+
+pub struct Exports {
+    exports: Vec<Export>,
+    payload_bytes_max: u32,
+}
+
+/// Alignment clients should prefer; smaller requests cost read-modify-write.
+const PREFERRED_BLOCK_BYTES: u32 = 4096;
+
+impl Exports {
+    /// `exports` must not be empty; the first is the default export ("").
+    pub fn new(exports: Vec<Export>, payload_bytes_max: u32) -> Exports {
+        assert!(!exports.is_empty(), "a server needs at least one export");
+        Exports {
+            exports,
+            payload_bytes_max,
+        }
+    }
+
+    pub fn all(&self) -> &[Export] {
+        &self.exports
+    }
+
+    pub fn find(&self, name: &str) -> Option<&Export> {
+        if name.is_empty() {
+            return self.exports.first();
+        }
+        self.exports.iter().find(|e| e.name == name)
+    }
+
+    pub fn payload_bytes_max(&self) -> u32 {
+        self.payload_bytes_max
+    }
+
+    /// Transmission flags: only what this export really supports.
+    /// CAN_MULTI_CONN holds because weir keeps no per-connection cache:
+    /// every connection reaches the same device, and FLUSH flushes it.
+    fn transmission_flags(export: &Export) -> u16 {
+        let caps = export.volume.caps();
+        let mut flags = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_CACHE | FLAG_CAN_MULTI_CONN;
+        if caps.read_only {
+            flags |= FLAG_READ_ONLY;
+        } else {
+            flags |= FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        }
+        if caps.rotational {
+            flags |= FLAG_ROTATIONAL;
+        }
+        flags
+    }
+}
+
+impl ExportCatalog for Exports {
+    fn export(&self, name: &str) -> Option<ExportDetails> {
+        let export = self.find(name)?;
+        Some(ExportDetails {
+            name: export.name.clone(),
+            description: export.description.clone(),
+            size_bytes: export.volume.size_bytes(),
+            transmission_flags: Self::transmission_flags(export),
+            block_size: BlockSize {
+                minimum: 1,
+                preferred: PREFERRED_BLOCK_BYTES,
+                maximum: self.payload_bytes_max,
+            },
+        })
+    }
+
+    fn list(&self) -> Vec<(String, String)> {
+        self.exports
+            .iter()
+            .map(|e| (e.name.clone(), e.description.clone()))
+            .collect()
+    }
+}

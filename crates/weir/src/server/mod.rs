@@ -1,0 +1,209 @@
+//! Listening, accepting and shutting down.
+//!
+//! ```text
+//!  TCP / Unix listeners ──accept──> one thread per connection (connection.rs)
+//!          ▲                                   │
+//!   SIGINT/SIGTERM: stop accepting, half-close every connection's read side,
+//!   wait for in-flight replies, flush every volume, exit 0.
+//! ```
+
+mod budget;
+mod connection;
+pub mod exports;
+mod replies;
+mod stream;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::Context;
+use parking_lot::{Condvar, Mutex};
+
+pub use exports::{Export, Exports};
+use stream::Stream;
+
+/// How often the accept loop looks at the shutdown flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(200);
+/// Connections served at once; more are accepted and closed with a log line.
+const CONNECTIONS_MAX: usize = 1024;
+
+pub struct Listeners {
+    tcp: Vec<TcpListener>,
+    unix: Option<(UnixListener, PathBuf)>,
+}
+
+impl Listeners {
+    /// Bind every address and the Unix socket (replacing a stale socket file).
+    pub fn bind(tcp: &[SocketAddr], unix: Option<&PathBuf>) -> anyhow::Result<Listeners> {
+        let tcp = tcp
+            .iter()
+            .map(|addr| TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let unix = match unix {
+            None => None,
+            Some(path) => {
+                if path.exists() {
+                    if UnixStream::connect(path).is_ok() {
+                        anyhow::bail!("{} is in use by another server", path.display());
+                    }
+                    std::fs::remove_file(path)
+                        .with_context(|| format!("cannot replace {}", path.display()))?;
+                }
+                let listener = UnixListener::bind(path)
+                    .with_context(|| format!("cannot listen on {}", path.display()))?;
+                Some((listener, path.clone()))
+            }
+        };
+        for listener in &tcp {
+            listener.set_nonblocking(true)?;
+        }
+        if let Some((listener, _)) = &unix {
+            listener.set_nonblocking(true)?;
+        }
+        Ok(Listeners { tcp, unix })
+    }
+
+    pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
+        self.tcp
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    pub fn unix_path(&self) -> Option<&PathBuf> {
+        self.unix.as_ref().map(|(_, path)| path)
+    }
+}
+
+/// Live connections: a handle to half-close each, and a count to wait on.
+#[derive(Default)]
+struct Registry {
+    live: Mutex<HashMap<u64, Stream>>,
+    emptied: Condvar,
+}
+
+/// Serve until `stop` is set, then shut down gracefully.
+pub fn serve(listeners: Listeners, exports: Arc<Exports>, stop: &AtomicBool) -> anyhow::Result<()> {
+    let registry = Arc::new(Registry::default());
+    let mut next_id = 0u64;
+    let mut fds: Vec<libc::pollfd> = listeners
+        .tcp
+        .iter()
+        .map(|l| l.as_raw_fd())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(listeners.unix.iter().map(|(l, _)| l.as_raw_fd()))
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    while !stop.load(Ordering::SeqCst) {
+        // SAFETY: `fds` is a valid array of pollfd for its length.
+        let ready = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                ACCEPT_POLL.as_millis() as i32,
+            )
+        };
+        if ready <= 0 {
+            continue; // timeout, or EINTR from the shutdown signal
+        }
+        for stream in accept_ready(&listeners) {
+            next_id += 1;
+            admit(stream, next_id, &registry, &exports);
+        }
+    }
+    let live = registry.live.lock().len();
+    tracing::info!("shutting down: no new connections; finishing {live} connection(s)");
+    for stream in registry.live.lock().values() {
+        stream.shutdown(Shutdown::Read);
+    }
+    let mut live = registry.live.lock();
+    while !live.is_empty() {
+        registry.emptied.wait(&mut live);
+    }
+    drop(live);
+    if let Some((_, path)) = &listeners.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    flush_all(&exports)
+}
+
+fn accept_ready(listeners: &Listeners) -> Vec<Stream> {
+    let mut accepted = Vec::new();
+    for listener in &listeners.tcp {
+        while let Ok((stream, _)) = listener.accept() {
+            let _ = stream.set_nodelay(true);
+            accepted.push(Stream::Tcp(stream));
+        }
+    }
+    if let Some((listener, _)) = &listeners.unix {
+        while let Ok((stream, _)) = listener.accept() {
+            accepted.push(Stream::Unix(stream));
+        }
+    }
+    accepted
+}
+
+fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Exports>) {
+    let blocking = match &stream {
+        Stream::Tcp(s) => s.set_nonblocking(false),
+        Stream::Unix(s) => s.set_nonblocking(false),
+    };
+    let handle = blocking.and_then(|()| stream.try_clone());
+    let handle = match handle {
+        Ok(handle) => handle,
+        Err(err) => return tracing::warn!(error = %err, "cannot set up accepted connection"),
+    };
+    {
+        let mut live = registry.live.lock();
+        if live.len() >= CONNECTIONS_MAX {
+            tracing::warn!(
+                peer = stream.peer(),
+                "refusing connection: {CONNECTIONS_MAX} already open"
+            );
+            return;
+        }
+        live.insert(id, handle);
+    }
+    let registry = Arc::clone(registry);
+    let exports = Arc::clone(exports);
+    let spawned = std::thread::Builder::new()
+        .name(format!("weir-conn-{id}"))
+        .spawn(move || {
+            connection::serve(stream, exports);
+            let mut live = registry.live.lock();
+            live.remove(&id);
+            registry.emptied.notify_all();
+        });
+    if let Err(err) = spawned {
+        tracing::error!(error = %err, "cannot start a connection thread");
+    }
+}
+
+fn flush_all(exports: &Exports) -> anyhow::Result<()> {
+    for export in exports.all() {
+        if export.volume.caps().read_only {
+            continue;
+        }
+        let (tx, rx) = mpsc::channel();
+        export.volume.flush(Box::new(move |result: io::Result<()>| {
+            drop(tx.send(result))
+        }));
+        rx.recv()
+            .context("flush lost")?
+            .with_context(|| format!("flushing export {} at shutdown", export.name))?;
+    }
+    tracing::info!("all volumes flushed; exiting");
+    Ok(())
+}
