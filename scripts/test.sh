@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The one test command: installs what it needs, then fmt, clippy, unit and
+# integration tests. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_packages=()
+for pair in nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:libnbd-bin fio:fio nbdkit:nbdkit \
+            qemu-img:qemu-utils qemu-io:qemu-utils fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need_packages+=("${pair#*:}")
+done
+/usr/bin/python3 -c 'import nbd' 2>/dev/null || need_packages+=(python3-libnbd)
+if [ ${#need_packages[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: missing ${need_packages[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "== installing ${need_packages[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # qemu-system-common is not needed (qemu-storage-daemon ships with qemu-utils
+  # on current Debian) and conflicts with backported qemu-utils, so it is not listed.
+  apt-get install -y -qq "${need_packages[@]}" >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+echo "== unit tests"
+cargo test --all
+echo "== building the release binary for integration tests"
+cargo build --release
+export WEIR_BIN="$PWD/target/release/weir"
+echo "== integration tests (real clients against $WEIR_BIN)"
+cd tests/integration
+# libnbd's python module lives in Debian's python, not in pyenv's.
+PYENV_VERSION=system /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
+  test_clients test_protocol test_filesystem
+echo "== all tests passed"

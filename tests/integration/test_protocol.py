@@ -1,0 +1,334 @@
+"""libnbd (python3 nbd) exercising every command and flag, plus raw-socket
+malformed input, durability across kill -9, graceful shutdown and config errors."""
+
+import errno
+import os
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import nbd
+
+from weirtest import WEIR, Weir, raw_connection, recv_exact, run, sparse_file
+
+MIB = 1 << 20
+NBDMAGIC = 0x4E42444D41474943
+IHAVEOPT = 0x49484156454F5054
+REPLY_MAGIC = 0x3E889045565A9
+
+
+def connect(uri, meta=True, strict=True):
+    h = nbd.NBD()
+    if meta:
+        h.add_meta_context("base:allocation")
+    if not strict:
+        h.set_strict_mode(0)
+    h.connect_uri(uri)
+    return h
+
+
+def errnum(call):
+    try:
+        call()
+    except nbd.Error as err:
+        return err.errnum
+    raise AssertionError("expected the server to fail the request")
+
+
+def extents_of(h, length, offset):
+    found = []
+
+    def callback(context, at, entries, err):
+        found.extend(zip(entries[0::2], entries[1::2]))
+        return 0
+
+    h.block_status(length, offset, callback)
+    return found
+
+
+class Commands(unittest.TestCase):
+    def test_every_command_and_flag(self):
+        with Weir("--export", "vol=mem:64M") as weir:
+            h = connect(weir.uri("vol"))
+            self.assertTrue(h.can_multi_conn() and h.can_fua() and h.can_trim() and h.can_zero())
+            self.assertTrue(h.can_fast_zero() and h.can_cache() and h.can_flush())
+            self.assertEqual(h.get_size(), 64 * MIB)
+            data = os.urandom(MIB)
+            h.pwrite(data, 0)
+            h.pwrite(data, MIB, nbd.CMD_FLAG_FUA)
+            self.assertEqual(h.pread(MIB, 0), data)
+            self.assertEqual(h.pread(MIB, MIB), data)
+            self.assertEqual(h.pread(1000, 12345), data[12345:13345])
+            h.flush()
+            h.cache(MIB, 0)
+            h.trim(MIB, 0, nbd.CMD_FLAG_FUA)
+            self.assertEqual(h.pread(MIB, 0), bytes(MIB))
+            h.zero(4096, MIB, nbd.CMD_FLAG_NO_HOLE)
+            h.zero(4096, MIB + 8192, nbd.CMD_FLAG_FAST_ZERO | nbd.CMD_FLAG_FUA)
+            self.assertEqual(h.pread(16384, MIB), bytes(4096) + data[4096:8192] + bytes(4096) + data[12288:16384])
+            extents = extents_of(h, 4 * MIB, 0)
+            self.assertEqual(extents[0], (MIB, 3), extents)  # trimmed: hole + zero
+            self.assertEqual(sum(length for length, _ in extents), 4 * MIB)
+            one = []
+            h.block_status(4 * MIB, 0, lambda c, o, e, err: one.extend(e), nbd.CMD_FLAG_REQ_ONE)
+            self.assertEqual(len(one), 2)
+            h.shutdown()
+            self.assertEqual(weir.stop(), 0)
+
+    def test_structured_replies_off_still_reads(self):
+        with Weir("--export", "vol=mem:8M") as weir:
+            h = nbd.NBD()
+            h.set_request_structured_replies(False)
+            h.connect_uri(weir.uri("vol"))
+            self.assertFalse(h.get_structured_replies_negotiated())
+            h.pwrite(b"x" * 4096, 4096)
+            self.assertEqual(h.pread(8192, 0), bytes(4096) + b"x" * 4096)
+            h.shutdown()
+
+    def test_error_cases(self):
+        with Weir("--export", "vol=mem:8M", "--export", "ro=mem:8M,readonly") as weir:
+            h = connect(weir.uri("vol"), strict=False)
+            self.assertEqual(errnum(lambda: h.pread(4096, 8 * MIB - 100)), errno.EINVAL)
+            self.assertEqual(errnum(lambda: h.pread(4096, 2**63)), errno.EINVAL)
+            self.assertEqual(errnum(lambda: h.pwrite(b"x" * 4096, 8 * MIB)), errno.ENOSPC)
+            self.assertIn(errnum(lambda: h.pread(33 * MIB, 0)), (errno.EINVAL, errno.EOVERFLOW))
+            self.assertEqual(h.pread(4096, 0), bytes(4096), "the connection survives the errors")
+            h.shutdown()
+            r = connect(weir.uri("ro"), strict=False)
+            self.assertTrue(r.is_read_only())
+            self.assertEqual(errnum(lambda: r.pwrite(b"x" * 512, 0)), errno.EPERM)
+            self.assertEqual(errnum(lambda: r.trim(512, 0)), errno.EPERM)
+            self.assertEqual(errnum(lambda: r.zero(512, 0)), errno.EPERM)
+            r.flush()
+            r.shutdown()
+
+    def test_multi_conn_disjoint_writers(self):
+        with Weir("--export", "vol=mem:64M") as weir:
+            chunk = 4 * MIB
+            payloads = [os.urandom(chunk) for _ in range(4)]
+            handles = [connect(weir.uri("vol")) for _ in range(4)]
+            self.assertTrue(all(h.can_multi_conn() for h in handles))
+
+            def writer(i):
+                h = handles[i]
+                for piece in range(0, chunk, 256 * 1024):
+                    h.pwrite(payloads[i][piece:piece + 256 * 1024], i * chunk + piece)
+
+            threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            handles[0].flush()
+            for i in range(4):
+                # Each connection reads what another wrote.
+                self.assertEqual(handles[(i + 1) % 4].pread(chunk, i * chunk), payloads[i])
+            for h in handles:
+                h.shutdown()
+
+    def test_many_requests_in_flight_are_answered_out_of_order(self):
+        with Weir("--export", "vol=mem:64M") as weir:
+            h = connect(weir.uri("vol"))
+            h.pwrite(os.urandom(16 * MIB), 0)
+            bufs, cookies = [], []
+            for i in range(64):
+                buf = nbd.Buffer(256 * 1024)
+                cookies.append(h.aio_pread(buf, (i * 256 * 1024) % (16 * MIB)))
+                bufs.append(buf)
+            while h.aio_in_flight() > 0:
+                h.poll(-1)
+            for cookie in cookies:
+                self.assertTrue(h.aio_command_completed(cookie))
+            h.shutdown()
+
+
+class RawClient:
+    """Speaks the protocol byte by byte, for cases libnbd would refuse to send."""
+
+    def handshake_to_options(self, sock, client_flags=1):
+        greeting = recv_exact(sock, 18)
+        self.assertEqual(struct.unpack(">QQH", greeting)[:2], (NBDMAGIC, IHAVEOPT))
+        sock.sendall(struct.pack(">I", client_flags))
+
+    def assert_closed(self, sock):
+        sock.settimeout(10)
+        try:
+            while sock.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        sock.close()
+
+    def option_reply(self, sock):
+        magic, option, kind, length = struct.unpack(">QIII", recv_exact(sock, 20))
+        self.assertEqual(magic, REPLY_MAGIC)
+        return option, kind, recv_exact(sock, length)
+
+    def go(self, sock, name=b"vol"):
+        sock.sendall(struct.pack(">QII", IHAVEOPT, 7, 4 + len(name) + 2) + struct.pack(">I", len(name)) + name + b"\0\0")
+        while True:
+            option, kind, _ = self.option_reply(sock)
+            if kind == 1:
+                return
+            self.assertEqual(kind, 3)
+
+
+
+class MalformedInput(RawClient, unittest.TestCase):
+    def test_bad_input_never_hurts_other_clients(self):
+        with Weir("--export", "vol=mem:16M") as weir:
+            good = connect(weir.uri("vol"))
+            good.pwrite(b"k" * 4096, 0)
+
+            # 1. Garbage instead of client flags.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s, client_flags=0xFFFFFFFF)
+            self.assert_closed(s)
+
+            # 2. Wrong option magic.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            s.sendall(b"NOTMAGIC" + struct.pack(">II", 3, 0))
+            self.assert_closed(s)
+
+            # 3. An option whose length lies about its contents, then an unknown option.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            s.sendall(struct.pack(">QII", IHAVEOPT, 7, 6) + struct.pack(">I", 500) + b"\0\0")
+            self.assertEqual(self.option_reply(s)[1], 0x80000003)  # NBD_REP_ERR_INVALID
+            s.sendall(struct.pack(">QII", IHAVEOPT, 0x77, 3) + b"abc")
+            self.assertEqual(self.option_reply(s)[1], 0x80000001)  # NBD_REP_ERR_UNSUP
+            s.close()
+
+            # 4. Transmission: unknown command, unknown flag, oversize write, then bad magic.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            self.go(s)
+            def request(flags, kind, handle, offset, length, payload=b""):
+                s.sendall(struct.pack(">IHHQQI", 0x25609513, flags, kind, handle, offset, length) + payload)
+                magic, error, got = struct.unpack(">IIQ", recv_exact(s, 16))
+                self.assertEqual((magic, got), (0x67446698, handle))
+                return error
+            self.assertEqual(request(0, 42, 1, 0, 512), errno.EINVAL)
+            self.assertEqual(request(1 << 12, 0, 2, 0, 512), errno.EINVAL)
+            self.assertEqual(request(0, 1, 3, 0, 33 * MIB, bytes(33 * MIB)), errno.EINVAL)
+            self.assertEqual(request(0, 1, 4, 16 * MIB, 512, bytes(512)), errno.ENOSPC)
+            self.assertEqual(request(0, 3, 5, 0, 0), 0)  # flush still works after all that
+            s.sendall(b"\xde\xad\xbe\xef" + bytes(24))
+            self.assert_closed(s)
+
+            # 5. A client that vanishes mid-request and one that vanishes with replies pending.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            self.go(s)
+            s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 1, 9, 0, 65536) + b"x" * 1000)
+            s.close()
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            self.go(s)
+            for i in range(32):
+                s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, i, 0, MIB))
+            s.close()
+
+            # 6. A client that stops mid-handshake.
+            s = raw_connection(weir.socket)
+            recv_exact(s, 18)
+            s.close()
+
+            time.sleep(0.2)
+            self.assertTrue(weir.alive())
+            self.assertEqual(good.pread(4096, 0), b"k" * 4096)
+            self.assertEqual(bytes(connect(weir.uri("vol")).pread(4096, 0)), b"k" * 4096)
+            good.shutdown()
+            self.assertEqual(weir.stop(), 0)
+            logs = weir.logs()
+            for reason in ("unknown flags", "bad option magic", "bad request magic", "unknown command",
+                           "larger than the maximum block size", "mid-write payload"):
+                self.assertIn(reason, logs)
+            self.assertNotIn("panicked", logs)
+
+
+class Durability(RawClient, unittest.TestCase):
+    def test_flushed_data_survives_kill_9(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            backing = sparse_file(os.path.join(tmp, "vol.img"), 64 * MIB)
+            data = os.urandom(8 * MIB)
+            fua = os.urandom(MIB)
+            with Weir("--export", f"vol={backing}") as weir:
+                h = connect(weir.uri("vol"))
+                h.pwrite(data, 0)
+                h.flush()
+                h.pwrite(fua, 16 * MIB, nbd.CMD_FLAG_FUA)
+                weir.stop(signal.SIGKILL)
+            with Weir("--export", f"vol={backing}") as weir:
+                h = connect(weir.uri("vol"))
+                self.assertEqual(h.pread(8 * MIB, 0), data)
+                self.assertEqual(h.pread(MIB, 16 * MIB), fua)
+                h.shutdown()
+
+    def test_sigterm_answers_received_requests_then_exits_zero(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            backing = sparse_file(os.path.join(tmp, "vol.img"), 64 * MIB)
+            with Weir("--export", f"vol={backing}") as weir:
+                s = raw_connection(weir.socket)
+                self.handshake_to_options(s)
+                self.go(s)
+                payload = os.urandom(256 * 1024)
+                for i in range(32):
+                    s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 1, i, i * len(payload), len(payload)) + payload)
+                weir.proc.send_signal(signal.SIGTERM)
+                answered = set()
+                for _ in range(32):
+                    magic, error, handle = struct.unpack(">IIQ", recv_exact(s, 16))
+                    self.assertEqual((magic, error), (0x67446698, 0))
+                    answered.add(handle)
+                self.assertEqual(answered, set(range(32)))
+                s.close()
+                self.assertEqual(weir.stop(), 0)
+                self.assertIn("all volumes flushed", weir.logs())
+            with open(backing, "rb") as f:
+                f.seek(31 * len(payload))
+                self.assertEqual(f.read(len(payload)), payload)
+
+
+class Startup(unittest.TestCase):
+    def serve_fails(self, *args):
+        result = subprocess.run([WEIR, "serve", "--listen", "none", "--socket", "/tmp/weir-never.sock", *args],
+                                capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(result.returncode, 0)
+        return result.stderr
+
+    def test_bad_config_is_refused_with_the_key_named(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+            f.write('[[export]]\nname = "a"\ndevice = "mem:1M"\nsize = 3\n')
+            f.flush()
+            self.assertIn("size", self.serve_fails("--config", f.name))
+
+    def test_missing_backing_file_is_refused(self):
+        err = self.serve_fails("--export", "a=/nonexistent/disk.img")
+        self.assertIn("/nonexistent/disk.img", err)
+
+    def test_version_and_help(self):
+        self.assertIn("weir", run(WEIR, "--version").stdout)
+        self.assertIn("serve", run(WEIR, "help").stdout)
+
+    def test_embedded_default_is_created_then_reopened(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with Weir(workdir=tmp) as weir:
+                h = connect(weir.uri("default"))
+                self.assertEqual(h.get_size(), 1 << 30)
+                h.pwrite(b"persist!" * 512, 0)
+                h.flush()
+                h.shutdown()
+                self.assertEqual(weir.stop(), 0)
+            self.assertTrue(os.path.exists(os.path.join(tmp, "weir-data", "default.img")))
+            with Weir(workdir=tmp) as weir:
+                self.assertEqual(connect(weir.uri("")).pread(4096, 0), b"persist!" * 512)
+
+
+if __name__ == "__main__":
+    unittest.main()
