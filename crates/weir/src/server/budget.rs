@@ -22,15 +22,24 @@ impl Budget {
         }
     }
 
-    /// Block until `bytes` (at most `bytes_max`) fit.
-    pub fn acquire(&self, bytes: u64) {
+    /// Block until `bytes` (at most `bytes_max`) fit. `before_wait` runs
+    /// once, unlocked, if the caller must wait (the reader uses it to send
+    /// the replies that will free the budget).
+    pub fn acquire(&self, bytes: u64, before_wait: impl FnOnce()) {
         assert!(
             bytes <= self.bytes_max,
             "request of {bytes} bytes exceeds the whole budget"
         );
+        let fits =
+            |used: &(u64, u32)| used.0 + bytes <= self.bytes_max && used.1 < self.requests_max;
         let mut used = self.used.lock();
-        while used.0 + bytes > self.bytes_max || used.1 >= self.requests_max {
-            self.changed.wait(&mut used);
+        if !fits(&used) {
+            drop(used);
+            before_wait();
+            used = self.used.lock();
+            while !fits(&used) {
+                self.changed.wait(&mut used);
+            }
         }
         used.0 += bytes;
         used.1 += 1;

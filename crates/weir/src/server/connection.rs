@@ -3,7 +3,7 @@
 //! ```text
 //!  socket ─read─> [this thread] decode ─> validate ─> volume.op(.., done)
 //!                                                            │ (any thread)
-//!  socket <─write─ [reply thread] <─── queue of replies <─────┘
+//!  socket <─write─ outbox (this thread, or the reply thread) <┘
 //! ```
 //!
 //! Requests run concurrently and are answered as they finish. The budget
@@ -11,7 +11,7 @@
 //! waits for everything in flight to be answered before closing.
 
 use std::io::{self, BufReader, Read, Write};
-use std::sync::mpsc::{self, Sender};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use weir_nbd::{Command, Errno, Handshake, Negotiated, Progress, RequestHeader, S
 
 use super::budget::Budget;
 use super::exports::Exports;
-use super::replies::{self, Body, Reply};
+use super::outbox::{Body, Outbox, Reply};
 use super::stream::Stream;
 use crate::device::AlignedBuf;
 use crate::volume::{Done, Volume};
@@ -89,23 +89,26 @@ fn handshake(stream: &mut Stream, exports: &Exports) -> Result<Option<Negotiated
     }
 }
 
-/// Sends one reply and carries the request's budget with it.
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Queues one reply and carries the request's budget with it.
 #[derive(Clone)]
 struct Replier {
-    tx: Sender<Reply>,
+    outbox: Arc<Outbox>,
 }
 
 impl Replier {
     fn send(&self, handle: u64, budget_bytes: u64, body: Body) {
-        // The writer outlives every completion (the loop waits for the
-        // budget to drain before dropping it), so this cannot fail.
-        self.tx
-            .send(Reply {
-                handle,
-                body,
-                budget_bytes,
-            })
-            .expect("reply writer alive");
+        self.outbox.push(Reply {
+            handle,
+            body,
+            budget_bytes,
+        });
+    }
+
+    /// Take budget for a request, sending queued replies first if it must wait.
+    fn acquire(&self, budget: &Budget, bytes: u64) {
+        budget.acquire(bytes, || self.outbox.drain());
     }
 
     fn on_done(&self, handle: u64, budget_bytes: u64, what: &'static str) -> Done<()> {
@@ -155,18 +158,22 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         2 * u64::from(session.payload_bytes_max),
         REQUESTS_IN_FLIGHT_MAX,
     ));
-    let (tx, rx) = mpsc::channel();
-    let writer = match replies::spawn(
+    let id = NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed);
+    let outbox = Outbox::new(
+        id,
         writer_stream,
         session.structured_replies,
         Arc::clone(&budget),
-        rx,
         peer.into(),
-    ) {
+    );
+    let writer = match outbox.spawn_writer() {
         Ok(writer) => writer,
         Err(err) => return tracing::warn!(peer, error = %err, "cannot start reply writer"),
     };
-    let replier = Replier { tx };
+    outbox.enter_reader();
+    let replier = Replier {
+        outbox: Arc::clone(&outbox),
+    };
     let mut reader = BufReader::with_capacity(
         READ_BUFFER_BYTES,
         io::Cursor::new(negotiated.leftover).chain(stream),
@@ -176,21 +183,26 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         Ok(why) => tracing::debug!(peer, "connection closed: {why}"),
         Err(why) => tracing::warn!(peer, "dropping connection: {why}"),
     }
+    outbox.drain();
     budget.wait_idle();
-    drop(replier);
+    outbox.close();
     let _ = writer.join();
 }
 
 /// Serve requests until the client leaves. `Ok` is a clean end, `Err` a
 /// reason worth a warning.
-fn requests(
-    reader: &mut impl Read,
+fn requests<R: Read>(
+    reader: &mut BufReader<R>,
     volume: &Arc<Volume>,
     session: &Session,
     budget: &Budget,
     replier: &Replier,
 ) -> Result<&'static str, String> {
     loop {
+        if reader.buffer().is_empty() {
+            // About to block on the socket: send what is ready first.
+            replier.outbox.drain();
+        }
         let mut raw = [0u8; REQUEST_HEADER_BYTES];
         match read_header(reader, &mut raw) {
             Ok(true) => {}
@@ -216,7 +228,7 @@ fn requests(
                 );
                 discard(reader, discard_bytes)
                     .map_err(|e| format!("disconnected mid-payload: {e}"))?;
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 replier.send(
                     handle,
                     0,
@@ -232,7 +244,7 @@ fn requests(
             Command::Disconnect => return Ok("client sent NBD_CMD_DISC"),
             Command::Read { offset, length } => {
                 let bytes = u64::from(length);
-                budget.acquire(bytes);
+                replier.acquire(budget, bytes);
                 let replier = replier.clone();
                 volume.read(
                     offset,
@@ -252,7 +264,7 @@ fn requests(
                 fua,
             } => {
                 let bytes = u64::from(length);
-                budget.acquire(bytes);
+                replier.acquire(budget, bytes);
                 let mut data = AlignedBuf::new(length as usize);
                 if let Err(err) = reader.read_exact(data.as_mut_slice()) {
                     budget.release(bytes);
@@ -261,7 +273,7 @@ fn requests(
                 volume.write(offset, data, fua, replier.on_done(handle, bytes, "write"));
             }
             Command::Flush => {
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 volume.flush(replier.on_done(handle, 0, "flush"));
             }
             Command::Trim {
@@ -269,7 +281,7 @@ fn requests(
                 length,
                 fua,
             } => {
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 volume.trim(offset, length, fua, replier.on_done(handle, 0, "trim"));
             }
             Command::WriteZeroes {
@@ -279,13 +291,13 @@ fn requests(
                 may_trim,
                 fast_only,
             } => {
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 let done = replier.on_done(handle, 0, "write zeroes");
                 volume.write_zeroes(offset, length, fua, may_trim, fast_only, done);
             }
             Command::Cache { .. } => {
                 // weir keeps no cache yet (O_DIRECT throughout): nothing to prefetch into.
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 replier.send(handle, 0, Body::Ok);
             }
             Command::BlockStatus {
@@ -293,7 +305,7 @@ fn requests(
                 length,
                 one_extent,
             } => {
-                budget.acquire(0);
+                replier.acquire(budget, 0);
                 let extents_max = if one_extent { 1 } else { EXTENTS_PER_REPLY_MAX };
                 let body = match volume.extents(offset, length, extents_max) {
                     Ok(extents) => Body::BlockStatus(status_extents(&extents, length)),

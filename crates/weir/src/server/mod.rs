@@ -10,7 +10,7 @@
 mod budget;
 mod connection;
 pub mod exports;
-mod replies;
+mod outbox;
 mod stream;
 
 use std::collections::HashMap;

@@ -1,0 +1,218 @@
+#!/usr/bin/python3
+"""weir vs qemu-nbd and nbdkit (and the raw device), same fio jobs, one run.
+
+Setting "memory": weir mem:2G, nbdkit memory 2G, qemu-nbd on a /dev/shm file.
+Setting "direct": one pre-filled 2 GiB file served by weir (O_DIRECT,
+io_uring), qemu-nbd --cache=none --aio=io_uring, qemu-storage-daemon with
+cache.direct=on,aio=io_uring; nbdkit file (page cache; reference only); and
+fio's io_uring engine on the file with direct=1 as the limit.
+
+Every NBD job uses fio's nbd engine over a Unix socket. Exports are filled
+with data first so that nobody serves holes.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WEIR = os.environ.get("WEIR_BIN", os.path.join(ROOT, "target/release/weir"))
+SIZE = 2 << 30
+JOBS = [  # name, rw, bs, iodepth
+    ("randread-4k-qd1", "randread", "4k", 1),
+    ("randread-4k-qd32", "randread", "4k", 32),
+    ("seqread-1m-qd8", "read", "1M", 8),
+    ("randwrite-4k-qd32", "randwrite", "4k", 32),
+    ("seqwrite-1m-qd8", "write", "1M", 8),
+]
+# invalidate=0: fio must not drop caches between jobs; every server here is
+# measured as it runs, and the direct-I/O ones bypass the page cache anyway.
+FIO_COMMON = ["--invalidate=0", "--randrepeat=0", "--norandommap", "--time_based", "--output-format=json"]
+
+
+def wait_for_socket(path, proc, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early: {proc.args}")
+        if os.path.exists(path):
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(path)
+                    return
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError(f"no socket at {path}")
+
+
+def fio(args, runtime):
+    cmd = ["fio", "--name=job", f"--runtime={runtime}", *FIO_COMMON, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 120)
+    if out.returncode != 0:
+        raise RuntimeError(f"fio failed: {shlex.join(cmd)}\n{out.stderr}")
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    side = job["read"] if job["read"]["io_bytes"] else job["write"]
+    pct = side["clat_ns"].get("percentile", {})
+    return {
+        "iops": side["iops"],
+        "mb_s": side["bw_bytes"] / 1e6,
+        "p50_us": pct.get("50.000000", 0) / 1000,
+        "p99_us": pct.get("99.000000", 0) / 1000,
+        "max_us": side["lat_ns"]["max"] / 1000,
+    }
+
+
+def fill(uri):
+    subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1M",
+                    "--iodepth=8", f"--size={SIZE}", "--output-format=terse"], check=True,
+                   capture_output=True, timeout=600)
+
+
+def run_server(name, cmd, sock, runtime, results, prefill=True):
+    print(f"  {name}: {shlex.join(cmd)}", flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_socket(sock, proc)
+        uri = f"nbd+unix:///bench?socket={sock}"
+        if prefill:
+            fill(uri)
+        results[name] = {}
+        for job, rw, bs, depth in JOBS:
+            r = fio(["--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}"], runtime)
+            results[name][job] = r
+            print(f"    {job:18} {r['iops']:10.0f} IOPS {r['mb_s']:8.1f} MB/s  p99 {r['p99_us']:8.1f} us", flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if os.path.exists(sock):
+            os.unlink(sock)
+
+
+def table(title, results, peers, limit=None):
+    lines = [f"### {title}", "",
+             "| job | server | IOPS | MB/s | p50 us | p99 us | max us |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    verdicts = []
+    for job, *_ in JOBS:
+        for server, by_job in results.items():
+            r = by_job[job]
+            lines.append(f"| {job} | {server} | {r['iops']:.0f} | {r['mb_s']:.1f} | {r['p50_us']:.1f} | "
+                         f"{r['p99_us']:.1f} | {r['max_us']:.0f} |")
+        best = max(peers, key=lambda p: results[p][job]["iops"])
+        w, b = results["weir"][job], results[best][job]
+        ratio = w["iops"] / b["iops"]
+        best_p99 = min(results[p][job]["p99_us"] for p in peers)
+        verdict = {"job": job, "best_peer": best, "ratio": ratio, "weir_p99_us": w["p99_us"],
+                   "best_peer_p99_us": best_p99, "p99_ok": w["p99_us"] <= best_p99}
+        if limit:
+            verdict["of_limit"] = w["iops"] / results[limit][job]["iops"]
+        verdicts.append(verdict)
+    lines += ["", "| job | best peer | weir / best peer | weir p99 <= best peer p99 |" +
+              (" weir / io_uring limit |" if limit else ""),
+              "|---|---|---:|---|" + ("---:|" if limit else "")]
+    for v in verdicts:
+        extra = f" {v['of_limit']:.2f} |" if limit else ""
+        lines.append(f"| {v['job']} | {v['best_peer']} | {v['ratio']:.2f} | "
+                     f"{'yes' if v['p99_ok'] else 'no'} ({v['weir_p99_us']:.1f} vs {v['best_peer_p99_us']:.1f}) |{extra}")
+    return "\n".join(lines), verdicts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runtime", type=int, default=int(os.environ.get("RUNTIME", 15)), help="seconds per job")
+    parser.add_argument("--settings", default="memory,direct")
+    parser.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp"),
+                        help="where the 2 GiB file for the direct setting lives (must allow O_DIRECT)")
+    args = parser.parse_args()
+    settings = args.settings.split(",")
+    tmp = tempfile.mkdtemp(prefix="weir-bench-")
+    sock = os.path.join(tmp, "nbd.sock")
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel {platform.release()}",
+              "command": "bench/peers.sh " + shlex.join(sys.argv[1:]), "runtime_s": args.runtime, "settings": {}}
+    markdown = []
+
+    if "memory" in settings:
+        print("== setting 1: server overhead, memory-backed", flush=True)
+        shm = "/dev/shm/weir-bench-qemu.img"
+        with open(shm, "wb") as f:
+            f.truncate(SIZE)
+        results = {}
+        try:
+            run_server("weir", [WEIR, "serve", "--listen", "none", "--socket", sock, "--export", "bench=mem:2G",
+                                "--log-level", "warn"], sock, args.runtime, results)
+            run_server("nbdkit", ["nbdkit", "-f", "-U", sock, "-e", "bench", "memory", "2G"], sock, args.runtime,
+                       results)
+            run_server("qemu-nbd", ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t", "--shared=16", shm],
+                       sock, args.runtime, results)
+        finally:
+            os.unlink(shm)
+        text, verdicts = table("Setting 1: memory-backed", results, ["nbdkit", "qemu-nbd"])
+        report["settings"]["memory"] = {"results": results, "verdicts": verdicts}
+        markdown.append(text)
+        print(text, flush=True)
+
+    if "direct" in settings:
+        print("== setting 2: direct I/O on a file", flush=True)
+        path = os.path.join(args.dir, "weir-bench-direct.img")
+        subprocess.run(["fio", "--name=prefill", "--ioengine=io_uring", "--direct=1", f"--filename={path}",
+                        "--rw=write", "--bs=1M", "--iodepth=8", f"--size={SIZE}", "--output-format=terse"],
+                       check=True, capture_output=True, timeout=900)
+        results = {}
+        try:
+            run_server("weir", [WEIR, "serve", "--listen", "none", "--socket", sock, "--export", f"bench={path}",
+                                "--log-level", "warn"], sock, args.runtime, results, prefill=False)
+            run_server("qemu-nbd", ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t", "--shared=16",
+                                    "--cache=none", "--aio=io_uring", path], sock, args.runtime, results,
+                       prefill=False)
+            run_server("qemu-storage-daemon", [
+                "qemu-storage-daemon",
+                "--blockdev", f"driver=file,node-name=file0,filename={path},cache.direct=on,aio=io_uring",
+                "--blockdev", "driver=raw,node-name=raw0,file=file0",
+                "--nbd-server", f"addr.type=unix,addr.path={sock}",
+                "--export", "type=nbd,id=exp0,node-name=raw0,name=bench,writable=on"], sock, args.runtime, results,
+                prefill=False)
+            run_server("nbdkit-file (page cache, reference)",
+                       ["nbdkit", "-f", "-U", sock, "-e", "bench", "file", path, "cache=none"], sock, args.runtime,
+                       results, prefill=False)
+            print("  io_uring limit: fio --ioengine=io_uring --direct=1 on the file", flush=True)
+            results["fio io_uring direct (limit)"] = {}
+            for job, rw, bs, depth in JOBS:
+                r = fio(["--ioengine=io_uring", "--direct=1", f"--filename={path}", f"--size={SIZE}", f"--rw={rw}",
+                         f"--bs={bs}", f"--iodepth={depth}"], args.runtime)
+                results["fio io_uring direct (limit)"][job] = r
+                print(f"    {job:18} {r['iops']:10.0f} IOPS {r['mb_s']:8.1f} MB/s  p99 {r['p99_us']:8.1f} us",
+                      flush=True)
+        finally:
+            os.unlink(path)
+        text, verdicts = table("Setting 2: direct I/O on a file", results, ["qemu-nbd", "qemu-storage-daemon"],
+                               limit="fio io_uring direct (limit)")
+        report["settings"]["direct"] = {"results": results, "verdicts": verdicts}
+        markdown.append(text)
+        print(text, flush=True)
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = os.path.join(HERE, "results", f"peers-{stamp}.json")
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(HERE, "results", f"peers-{stamp}.md"), "w") as f:
+        f.write(f"Date: {report['date']}  \nMachine: {report['machine']}  \nCommand: `{report['command']}`\n\n")
+        f.write("\n\n".join(markdown) + "\n")
+    print(f"\nwrote {out}\nrerun: {report['command']}")
+
+
+if __name__ == "__main__":
+    main()
