@@ -254,7 +254,7 @@ impl Volume {
                 Err(err) => return Err(err),
             }
         }
-        for (edge_start, edge_end) in [(offset, inner_start), (inner_end.max(inner_start), end)] {
+        for (edge_start, edge_end) in [(offset, inner_start), (inner_end, end)] {
             if edge_start < edge_end {
                 self.read_modify_write(
                     edge_start,
