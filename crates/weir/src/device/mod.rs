@@ -20,6 +20,7 @@ use std::io;
 
 pub use buf::AlignedBuf;
 pub use spec::{open, DeviceSpec, IoEngine};
+pub use uring::{without_thread_ring, ThreadRing};
 
 /// Static facts about a device.
 #[derive(Clone, Debug)]

@@ -22,27 +22,36 @@ impl Budget {
         }
     }
 
-    /// Block until `bytes` (at most `bytes_max`) fit. `before_wait` runs
-    /// once, unlocked, if the caller must wait (the reader uses it to send
-    /// the replies that will free the budget).
-    pub fn acquire(&self, bytes: u64, before_wait: impl FnOnce()) {
+    /// Block until `bytes` (at most `bytes_max`) fit. While they do not,
+    /// `make_progress` runs unlocked (the reader sends queued replies and
+    /// reaps its own ring there); it returns false when all it can do is
+    /// wait for other threads, and then this sleeps until a release.
+    pub fn acquire(&self, bytes: u64, mut make_progress: impl FnMut() -> bool) {
         assert!(
             bytes <= self.bytes_max,
             "request of {bytes} bytes exceeds the whole budget"
         );
         let fits =
             |used: &(u64, u32)| used.0 + bytes <= self.bytes_max && used.1 < self.requests_max;
-        let mut used = self.used.lock();
-        if !fits(&used) {
+        loop {
+            let mut used = self.used.lock();
+            if fits(&used) {
+                used.0 += bytes;
+                used.1 += 1;
+                return;
+            }
             drop(used);
-            before_wait();
-            used = self.used.lock();
+            if make_progress() {
+                continue;
+            }
+            let mut used = self.used.lock();
             while !fits(&used) {
                 self.changed.wait(&mut used);
             }
+            used.0 += bytes;
+            used.1 += 1;
+            return;
         }
-        used.0 += bytes;
-        used.1 += 1;
     }
 
     pub fn release(&self, bytes: u64) {
@@ -57,11 +66,20 @@ impl Budget {
         self.changed.notify_all();
     }
 
-    /// Block until nothing is in flight.
-    pub fn wait_idle(&self) {
-        let mut used = self.used.lock();
-        while used.1 > 0 {
-            self.changed.wait(&mut used);
+    /// Block until nothing is in flight; `make_progress` as in `acquire`.
+    pub fn wait_idle(&self, mut make_progress: impl FnMut() -> bool) {
+        loop {
+            if self.used.lock().1 == 0 {
+                return;
+            }
+            if make_progress() {
+                continue;
+            }
+            let mut used = self.used.lock();
+            while used.1 > 0 {
+                self.changed.wait(&mut used);
+            }
+            return;
         }
     }
 }

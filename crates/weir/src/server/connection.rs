@@ -2,15 +2,19 @@
 //!
 //! ```text
 //!  socket ─read─> [this thread] decode ─> validate ─> volume.op(.., done)
-//!                                                            │ (any thread)
+//!                                                            │ (this thread's ring, or any thread)
 //!  socket <─write─ outbox (this thread, or the reply thread) <┘
 //! ```
 //!
-//! Requests run concurrently and are answered as they finish. The budget
+//! Requests run concurrently and are answered as they finish. The thread
+//! owns a [`ThreadRing`]: io_uring devices put its ops there, and whenever
+//! it would block (on the socket, on the budget) it reaps that ring
+//! instead, so a request and its reply never change threads. The budget
 //! bounds bytes and requests in flight; when the client stops, the loop
 //! waits for everything in flight to be answered before closing.
 
 use std::io::{self, BufReader, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +26,7 @@ use super::budget::Budget;
 use super::exports::Exports;
 use super::outbox::{Body, Outbox, Reply};
 use super::stream::Stream;
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, ThreadRing};
 use crate::volume::{Done, Volume};
 
 /// A client that stalls mid-handshake longer than this is dropped.
@@ -106,14 +110,48 @@ impl Replier {
         });
     }
 
-    /// Take budget for a request, sending queued replies first if it must wait.
-    fn acquire(&self, budget: &Budget, bytes: u64) {
-        budget.acquire(bytes, || self.outbox.drain());
-    }
-
     fn on_done(&self, handle: u64, budget_bytes: u64, what: &'static str) -> Done<()> {
         let replier = self.clone();
         Box::new(move |result| replier.send(handle, budget_bytes, result_body(result, what)))
+    }
+}
+
+/// What the reader does instead of sleeping: send queued replies, then
+/// reap its own ring. Returns false when only other threads can help.
+fn make_progress(outbox: &Outbox, ring: Option<&ThreadRing>) -> bool {
+    outbox.drain_unless_busy();
+    match ring {
+        Some(ring) if ring.in_flight() > 0 => {
+            ring.wait(None);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The socket as the reader sees it: before each read that may block, it
+/// sends queued replies and reaps its ring until the socket has data.
+struct SocketReader<'a> {
+    stream: Stream,
+    fd: RawFd,
+    outbox: &'a Outbox,
+    ring: Option<&'a ThreadRing>,
+}
+
+impl Read for SocketReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.outbox.drain_unless_busy();
+            match self.ring {
+                Some(ring) if ring.in_flight() > 0 => {
+                    if ring.wait(Some(self.fd)) {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.stream.read(buf)
     }
 }
 
@@ -171,20 +209,34 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         Err(err) => return tracing::warn!(peer, error = %err, "cannot start reply writer"),
     };
     outbox.enter_reader();
+    let ring = ThreadRing::enter()
+        .inspect_err(
+            |err| tracing::debug!(peer, error = %err, "no thread ring; device threads reap"),
+        )
+        .ok();
     let replier = Replier {
         outbox: Arc::clone(&outbox),
     };
+    let socket = SocketReader {
+        fd: stream.as_raw_fd(),
+        stream,
+        outbox: &outbox,
+        ring: ring.as_ref(),
+    };
     let mut reader = BufReader::with_capacity(
         READ_BUFFER_BYTES,
-        io::Cursor::new(negotiated.leftover).chain(stream),
+        io::Cursor::new(negotiated.leftover).chain(socket),
     );
-    let ended = requests(&mut reader, &volume, &session, &budget, &replier);
+    let progress = || make_progress(&outbox, ring.as_ref());
+    let ended = requests(&mut reader, &volume, &session, &budget, &replier, &progress);
     match ended {
         Ok(why) => tracing::debug!(peer, "connection closed: {why}"),
         Err(why) => tracing::warn!(peer, "dropping connection: {why}"),
     }
+    budget.wait_idle(progress);
     outbox.drain();
-    budget.wait_idle();
+    drop(reader);
+    drop(ring);
     outbox.close();
     let _ = writer.join();
 }
@@ -197,12 +249,10 @@ fn requests<R: Read>(
     session: &Session,
     budget: &Budget,
     replier: &Replier,
+    progress: &dyn Fn() -> bool,
 ) -> Result<&'static str, String> {
+    let acquire = |bytes: u64| budget.acquire(bytes, progress);
     loop {
-        if reader.buffer().is_empty() {
-            // About to block on the socket: send what is ready first.
-            replier.outbox.drain();
-        }
         let mut raw = [0u8; REQUEST_HEADER_BYTES];
         match read_header(reader, &mut raw) {
             Ok(true) => {}
@@ -228,7 +278,7 @@ fn requests<R: Read>(
                 );
                 discard(reader, discard_bytes)
                     .map_err(|e| format!("disconnected mid-payload: {e}"))?;
-                replier.acquire(budget, 0);
+                acquire(0);
                 replier.send(
                     handle,
                     0,
@@ -244,7 +294,7 @@ fn requests<R: Read>(
             Command::Disconnect => return Ok("client sent NBD_CMD_DISC"),
             Command::Read { offset, length } => {
                 let bytes = u64::from(length);
-                replier.acquire(budget, bytes);
+                acquire(bytes);
                 let replier = replier.clone();
                 volume.read(
                     offset,
@@ -264,7 +314,7 @@ fn requests<R: Read>(
                 fua,
             } => {
                 let bytes = u64::from(length);
-                replier.acquire(budget, bytes);
+                acquire(bytes);
                 let mut data = AlignedBuf::new(length as usize);
                 if let Err(err) = reader.read_exact(data.as_mut_slice()) {
                     budget.release(bytes);
@@ -273,7 +323,7 @@ fn requests<R: Read>(
                 volume.write(offset, data, fua, replier.on_done(handle, bytes, "write"));
             }
             Command::Flush => {
-                replier.acquire(budget, 0);
+                acquire(0);
                 volume.flush(replier.on_done(handle, 0, "flush"));
             }
             Command::Trim {
@@ -281,7 +331,7 @@ fn requests<R: Read>(
                 length,
                 fua,
             } => {
-                replier.acquire(budget, 0);
+                acquire(0);
                 volume.trim(offset, length, fua, replier.on_done(handle, 0, "trim"));
             }
             Command::WriteZeroes {
@@ -291,13 +341,13 @@ fn requests<R: Read>(
                 may_trim,
                 fast_only,
             } => {
-                replier.acquire(budget, 0);
+                acquire(0);
                 let done = replier.on_done(handle, 0, "write zeroes");
                 volume.write_zeroes(offset, length, fua, may_trim, fast_only, done);
             }
             Command::Cache { .. } => {
                 // weir keeps no cache yet (O_DIRECT throughout): nothing to prefetch into.
-                replier.acquire(budget, 0);
+                acquire(0);
                 replier.send(handle, 0, Body::Ok);
             }
             Command::BlockStatus {
@@ -305,7 +355,7 @@ fn requests<R: Read>(
                 length,
                 one_extent,
             } => {
-                replier.acquire(budget, 0);
+                acquire(0);
                 let extents_max = if one_extent { 1 } else { EXTENTS_PER_REPLY_MAX };
                 let body = match volume.extents(offset, length, extents_max) {
                     Ok(extents) => Body::BlockStatus(status_extents(&extents, length)),

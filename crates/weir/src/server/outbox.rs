@@ -31,8 +31,10 @@ use crate::volume::ReadData;
 /// Replies gathered into one write at most.
 const BATCH_REPLIES_MAX: usize = 64;
 
-/// Replies the reader leaves queued for itself before waking the writer.
+/// Replies (and their bytes) the reader leaves queued for itself before
+/// waking the writer: past these, sending would hold up reading.
 const READER_KEEPS_REPLIES_MAX: usize = 4;
+const READER_KEEPS_BYTES_MAX: usize = 128 * 1024;
 
 thread_local! {
     /// The connection whose reader runs on this thread (0: none).
@@ -62,6 +64,8 @@ pub struct Reply {
 
 struct Queue {
     replies: VecDeque<Reply>,
+    /// Read payload bytes among `replies`.
+    payload_bytes: usize,
     closed: bool,
 }
 
@@ -96,6 +100,7 @@ impl Outbox {
             budget,
             queue: Mutex::new(Queue {
                 replies: VecDeque::new(),
+                payload_bytes: 0,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -130,27 +135,44 @@ impl Outbox {
     }
 
     pub fn push(&self, reply: Reply) {
-        let queued = {
+        let (queued, queued_bytes) = {
             let mut queue = self.queue.lock();
+            queue.payload_bytes += payload_bytes(&reply);
             queue.replies.push_back(reply);
-            queue.replies.len()
+            (queue.replies.len(), queue.payload_bytes)
         };
         // The reader drains before it blocks, so a short queue can wait for
         // it; a long one goes to the writer thread so that reading and
-        // writing overlap at high queue depths.
-        if READER_OF.with(Cell::get) != self.connection || queued >= READER_KEEPS_REPLIES_MAX {
+        // writing overlap at high queue depths and with large reads.
+        if READER_OF.with(Cell::get) != self.connection
+            || queued >= READER_KEEPS_REPLIES_MAX
+            || queued_bytes >= READER_KEEPS_BYTES_MAX
+        {
             self.ready.notify_one();
+        }
+    }
+
+    /// Send what is queued unless the writer thread is already at it (it
+    /// then sends these too: it re-checks the queue before it sleeps).
+    pub fn drain_unless_busy(&self) {
+        if let Some(socket) = self.socket.try_lock() {
+            self.drain_locked(socket);
         }
     }
 
     /// Write out everything queued (blocking on this client's socket only).
     pub fn drain(&self) {
-        let mut socket = self.socket.lock();
+        self.drain_locked(self.socket.lock());
+    }
+
+    fn drain_locked(&self, mut socket: parking_lot::MutexGuard<'_, Socket>) {
         loop {
             let batch: Vec<Reply> = {
                 let mut queue = self.queue.lock();
                 let take = queue.replies.len().min(BATCH_REPLIES_MAX);
-                queue.replies.drain(..take).collect()
+                let batch: Vec<Reply> = queue.replies.drain(..take).collect();
+                queue.payload_bytes -= batch.iter().map(payload_bytes).sum::<usize>();
+                batch
             };
             if batch.is_empty() {
                 return;
@@ -173,6 +195,13 @@ impl Outbox {
     pub fn close(&self) {
         self.queue.lock().closed = true;
         self.ready.notify_all();
+    }
+}
+
+fn payload_bytes(reply: &Reply) -> usize {
+    match &reply.body {
+        Body::Read { data, .. } => data.len,
+        _ => 0,
     }
 }
 

@@ -18,7 +18,7 @@ mod range_lock;
 use std::io;
 use std::sync::{mpsc, Arc};
 
-use crate::device::{AlignedBuf, DeviceOp, Extent, Outcome};
+use crate::device::{self, AlignedBuf, DeviceOp, Extent, Outcome};
 use crate::pool::Store;
 use crate::sched::IoClass;
 use range_lock::RangeLocks;
@@ -97,9 +97,13 @@ impl Volume {
     /// Run one store op and wait for it (slow paths only).
     fn submit_and_wait(&self, class: IoClass, op: DeviceOp) -> Outcome {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.store
-            .submit(class, op, Box::new(move |outcome| drop(tx.send(outcome))));
-        rx.recv().expect("store dropped a completion")
+        // This thread sleeps until the op is done, so it must not be the
+        // one expected to reap it.
+        device::without_thread_ring(|| {
+            self.store
+                .submit(class, op, Box::new(move |outcome| drop(tx.send(outcome))));
+            rx.recv().expect("store dropped a completion")
+        })
     }
 
     pub fn read(&self, offset: u64, length: u32, done: Done<ReadData>) {
@@ -144,7 +148,10 @@ impl Volume {
                 }),
             );
         } else {
-            done(self.read_modify_write(offset, data.as_slice(), fua));
+            // Slow path: it sleeps on a lock and on its ops.
+            done(device::without_thread_ring(|| {
+                self.read_modify_write(offset, data.as_slice(), fua)
+            }));
         }
     }
 
@@ -222,10 +229,10 @@ impl Volume {
             !self.read_only,
             "zeroing read-only volumes is rejected at the edge"
         );
-        done(
+        done(device::without_thread_ring(|| {
             self.zero_range(offset, u64::from(length), may_trim, fast_only)
-                .and_then(|()| self.flush_if(fua)),
-        )
+                .and_then(|()| self.flush_if(fua))
+        }))
     }
 
     fn zero_range(

@@ -1,10 +1,14 @@
-//! The io_uring engine: one thread per device owns a ring.
+//! The io_uring engine.
 //!
 //! ```text
-//!  submitters ──push──> queue ──(eventfd if the ring sleeps)──> ring thread
-//!                                                              │ SQE per op, resubmits short transfers
-//!                                                              └─ CQE ──> done(outcome)
+//!  connection thread with a ThreadRing ──SQE──> its own ring ──CQE──> done (same thread)
+//!  any other thread ──push──> queue ──(eventfd if asleep)──> device ring thread ──CQE──> done
 //! ```
+//!
+//! A connection thread that runs a [`ThreadRing`] submits to and reaps from
+//! its own ring: no thread handoff between the request and its reply.
+//! Everyone else (slow paths that block, background work) goes through one
+//! ring thread per device.
 //!
 //! The ring thread sleeps in `submit_and_wait`; an eventfd read is always
 //! armed in the ring so that new work wakes it. Submitters only write the
@@ -20,13 +24,18 @@ use std::thread::JoinHandle;
 use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
-use super::file::{fallocate_mode, forgive_unsupported_discard, outcome};
 use super::{Completion, DeviceOp};
+use flight::{Flight, Step, TOKEN_FIRST_RESERVED};
+
+mod flight;
+mod thread_ring;
+
+pub use thread_ring::{without_thread_ring, ThreadRing};
 
 const RING_ENTRIES: u32 = 256;
 /// Ops in the ring at once; the rest wait in the thread's backlog.
 const IN_FLIGHT_MAX: usize = RING_ENTRIES as usize - 1;
-const WAKE_TOKEN: u64 = u64::MAX;
+const WAKE_TOKEN: u64 = TOKEN_FIRST_RESERVED;
 
 struct Shared {
     queue: Mutex<Vec<(DeviceOp, Completion)>>,
@@ -45,6 +54,7 @@ impl Shared {
 }
 
 pub(super) struct UringEngine {
+    fd: RawFd,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -70,12 +80,16 @@ impl UringEngine {
             .name("weir-uring".into())
             .spawn(move || RingThread::new(ring, fd, thread_shared).run())?;
         Ok(UringEngine {
+            fd,
             shared,
             thread: Some(thread),
         })
     }
 
     pub(super) fn submit(&self, op: DeviceOp, done: Completion) {
+        let Err((op, done)) = thread_ring::try_submit(self.fd, op, done) else {
+            return;
+        };
         self.shared.queue.lock().push((op, done));
         self.shared.queued.fetch_add(1, SeqCst);
         if self.shared.sleeping.load(SeqCst) {
@@ -94,21 +108,12 @@ impl Drop for UringEngine {
     }
 }
 
-struct Slot {
-    op: DeviceOp,
-    done: Completion,
-    /// Bytes already transferred (short reads and writes are resubmitted).
-    progress: usize,
-}
-
 struct RingThread {
     ring: IoUring,
     fd: RawFd,
     shared: Arc<Shared>,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
+    flight: Flight,
     backlog: VecDeque<(DeviceOp, Completion)>,
-    in_flight: usize,
     // The eventfd read's target; boxed so its address is stable while the
     // kernel may write to it.
     wake_buf: Box<u64>,
@@ -121,10 +126,8 @@ impl RingThread {
             ring,
             fd,
             shared,
-            slots: Vec::new(),
-            free: Vec::new(),
+            flight: Flight::default(),
             backlog: VecDeque::new(),
-            in_flight: 0,
             wake_buf: Box::new(0),
             wake_armed: false,
         }
@@ -137,21 +140,12 @@ impl RingThread {
                 self.shared.queued.fetch_sub(batch.len(), SeqCst);
                 self.backlog.extend(batch);
             }
-            while self.in_flight < IN_FLIGHT_MAX {
+            while self.flight.in_flight() < IN_FLIGHT_MAX {
                 let Some((op, done)) = self.backlog.pop_front() else {
                     break;
                 };
-                let index = self.free.pop().unwrap_or_else(|| {
-                    self.slots.push(None);
-                    self.slots.len() - 1
-                });
-                self.slots[index] = Some(Slot {
-                    op,
-                    done,
-                    progress: 0,
-                });
-                self.in_flight += 1;
-                self.push_slot(index);
+                let entry = self.flight.start(self.fd, op, done);
+                self.push(entry);
             }
             if !self.wake_armed {
                 let entry = opcode::Read::new(
@@ -164,7 +158,7 @@ impl RingThread {
                 self.push(entry);
                 self.wake_armed = true;
             }
-            let idle = self.in_flight == 0 && self.backlog.is_empty();
+            let idle = self.flight.in_flight() == 0 && self.backlog.is_empty();
             if idle && self.shared.stopping.load(SeqCst) && self.shared.queued.load(SeqCst) == 0 {
                 return;
             }
@@ -205,47 +199,6 @@ impl RingThread {
         }
     }
 
-    fn push_slot(&mut self, index: usize) {
-        let fd = types::Fd(self.fd);
-        let slot = self.slots[index].as_mut().expect("slot in flight");
-        let progress = slot.progress;
-        let entry = match &mut slot.op {
-            DeviceOp::Read { offset, buf } => {
-                let len = (buf.len() - progress) as u32;
-                // SAFETY: progress < buf.len(), so the pointer stays inside the buffer.
-                let ptr = unsafe { buf.as_mut_ptr().add(progress) };
-                opcode::Read::new(fd, ptr, len)
-                    .offset(*offset + progress as u64)
-                    .build()
-            }
-            DeviceOp::Write {
-                offset,
-                buf,
-                durable,
-            } => {
-                let len = (buf.len() - progress) as u32;
-                // SAFETY: as above.
-                let ptr = unsafe { buf.as_mut_ptr().add(progress) };
-                let flags = if *durable { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, ptr, len)
-                    .offset(*offset + progress as u64)
-                    .rw_flags(flags)
-                    .build()
-            }
-            DeviceOp::Flush => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-            op @ (DeviceOp::Discard { .. } | DeviceOp::WriteZeroes { .. }) => {
-                let (offset, length) = op.range();
-                opcode::Fallocate::new(fd, length)
-                    .offset(offset)
-                    .mode(fallocate_mode(op))
-                    .build()
-            }
-        };
-        self.push(entry.user_data(index as u64));
-    }
-
     fn reap(&mut self) {
         let completions: Vec<(u64, i32)> = self
             .ring
@@ -257,35 +210,10 @@ impl RingThread {
                 self.wake_armed = false;
                 continue;
             }
-            let index = token as usize;
-            let slot = self.slots[index]
-                .as_mut()
-                .expect("completion for an empty slot");
-            let result = if result < 0 {
-                Err(io::Error::from_raw_os_error(-result))
-            } else {
-                let transfer_len = match &slot.op {
-                    DeviceOp::Read { buf, .. } | DeviceOp::Write { buf, .. } => buf.len(),
-                    _ => 0,
-                };
-                slot.progress += result as usize;
-                if transfer_len > 0 && result == 0 {
-                    Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "device transferred no bytes",
-                    ))
-                } else if slot.progress < transfer_len {
-                    self.push_slot(index);
-                    continue;
-                } else {
-                    Ok(())
-                }
-            };
-            let slot = self.slots[index].take().expect("slot checked above");
-            self.free.push(index);
-            self.in_flight -= 1;
-            let result = forgive_unsupported_discard(&slot.op, result);
-            (slot.done)(outcome(slot.op, result));
+            match self.flight.complete(token, result) {
+                Step::Resubmit(entry) => self.push(entry),
+                Step::Finished(done, outcome) => done(outcome),
+            }
         }
     }
 }

@@ -1,0 +1,259 @@
+//! A thread's own io_uring, for connection threads.
+//!
+//! While a `ThreadRing` is entered on a thread, io_uring devices submit that
+//! thread's ops to it instead of handing them to the device's ring thread.
+//! The thread then waits on the ring (and on its socket, through a poll op
+//! in the same ring) and runs completions itself. A request at queue depth 1
+//! then costs the same wakeups as in a single-threaded event loop: one for
+//! the request, one for its completion.
+//!
+//! The ring is set up with `SINGLE_ISSUER | DEFER_TASKRUN` where the kernel
+//! has them, so completions are only posted when this thread asks for them
+//! and never interrupt it mid-read.
+//!
+//! A thread that is about to block waiting for an op it submits (the
+//! read-modify-write slow path) wraps the wait in [`without_thread_ring`]:
+//! nobody would reap its own ring while it sleeps.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use super::super::{Completion, DeviceOp, Outcome};
+use super::flight::{Flight, Step, TOKEN_FIRST_RESERVED};
+
+const RING_ENTRIES: u32 = 256;
+/// Ops in one thread ring at once; past this, ops go to the device thread.
+const IN_FLIGHT_MAX: usize = RING_ENTRIES as usize - 16;
+const POLL_TOKEN: u64 = TOKEN_FIRST_RESERVED + 1;
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<RefCell<State>>>> = const { RefCell::new(None) };
+    static BLOCKING_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+struct State {
+    ring: IoUring,
+    flight: Flight,
+    /// Entries that found the submission queue full.
+    overflow: VecDeque<squeue::Entry>,
+    poll_armed: bool,
+}
+
+impl State {
+    fn push(&mut self, entry: squeue::Entry) {
+        // SAFETY: every buffer an entry points to lives in `flight` (or is
+        // absent, for polls) until its CQE has been reaped.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            self.overflow.push_back(entry);
+        }
+    }
+
+    /// Move overflowed entries into the submission queue while it has room.
+    fn refill(&mut self) {
+        while let Some(entry) = self.overflow.pop_front() {
+            // SAFETY: as in `push`.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                self.overflow.push_front(entry);
+                return;
+            }
+        }
+    }
+}
+
+/// This thread's ring; ops submitted on this thread go to it until it drops.
+pub struct ThreadRing {
+    state: Rc<RefCell<State>>,
+}
+
+impl ThreadRing {
+    /// Create a ring and route this thread's io_uring ops to it.
+    pub fn enter() -> io::Result<ThreadRing> {
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(RING_ENTRIES)
+            .or_else(|_| IoUring::new(RING_ENTRIES))?;
+        let state = Rc::new(RefCell::new(State {
+            ring,
+            flight: Flight::default(),
+            overflow: VecDeque::new(),
+            poll_armed: false,
+        }));
+        CURRENT.with(|current| {
+            let mut current = current.borrow_mut();
+            assert!(current.is_none(), "one thread ring per thread");
+            *current = Some(Rc::clone(&state));
+        });
+        Ok(ThreadRing { state })
+    }
+
+    /// Ops submitted through this ring and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.state.borrow().flight.in_flight()
+    }
+
+    /// Submit what is queued and sleep until at least one op completes or,
+    /// with `readable`, until that descriptor has data. Completions run on
+    /// this thread before it returns. Returns whether `readable` is ready.
+    ///
+    /// Callers wait only while ops are in flight or `readable` is given;
+    /// otherwise nothing would ever wake the thread.
+    pub fn wait(&self, readable: Option<RawFd>) -> bool {
+        wait(&self.state, readable)
+    }
+}
+
+impl Drop for ThreadRing {
+    fn drop(&mut self) {
+        // Buffers in flight belong to the kernel until their CQEs arrive.
+        finish_current_ring();
+        CURRENT.with(|current| current.borrow_mut().take());
+    }
+}
+
+/// Panics if the kernel refuses the ring itself: every op's buffer would
+/// be stuck in limbo, and nothing sensible can continue.
+fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
+    let mut fired = false;
+    let finished: Vec<(Completion, Outcome)> = {
+        let mut state = state.borrow_mut();
+        assert!(
+            readable.is_some() || state.flight.in_flight() > 0,
+            "waiting on an idle ring would never return"
+        );
+        if let Some(fd) = readable {
+            if !state.poll_armed {
+                let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                    .build()
+                    .user_data(POLL_TOKEN);
+                state.push(poll);
+                state.poll_armed = true;
+            }
+        }
+        state.refill();
+        enter(&state.ring, 1);
+        let completions: Vec<(u64, i32)> = state
+            .ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        let mut finished = Vec::with_capacity(completions.len());
+        let mut resubmitted = false;
+        for (token, result) in completions {
+            if token == POLL_TOKEN {
+                state.poll_armed = false;
+                fired = true;
+                continue;
+            }
+            match state.flight.complete(token, result) {
+                Step::Resubmit(entry) => {
+                    state.push(entry);
+                    resubmitted = true;
+                }
+                Step::Finished(done, outcome) => finished.push((done, outcome)),
+            }
+        }
+        if resubmitted {
+            // The caller may block elsewhere next; the rest of a short
+            // transfer must not wait for it.
+            state.refill();
+            enter(&state.ring, 0);
+        }
+        finished
+    };
+    for (done, outcome) in finished {
+        done(outcome);
+    }
+    // A poll armed before an earlier blocking read may report data that
+    // read already took; only trust readiness that holds now.
+    fired && readable.is_some_and(readable_now)
+}
+
+/// Submit the queue and wait for `want` completions. Transient refusals
+/// (a signal, a full completion queue, memory pressure) just return: the
+/// caller's loop comes back.
+fn enter(ring: &IoUring, want: usize) {
+    match ring.submit_and_wait(want) {
+        Ok(_) => {}
+        Err(err)
+            if matches!(
+                err.raw_os_error(),
+                Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+            ) => {}
+        Err(err) => panic!("io_uring_enter on a thread ring failed: {err}"),
+    }
+}
+
+/// Queue `op` on this thread's ring, or hand it back when there is none (or
+/// it is full, or the thread is about to block on it).
+pub(super) fn try_submit(
+    fd: RawFd,
+    op: DeviceOp,
+    done: Completion,
+) -> Result<(), (DeviceOp, Completion)> {
+    if BLOCKING_DEPTH.with(Cell::get) > 0 {
+        return Err((op, done));
+    }
+    CURRENT.with(|current| {
+        let current = current.borrow();
+        let Some(state) = current.as_ref() else {
+            return Err((op, done));
+        };
+        let Ok(mut state) = state.try_borrow_mut() else {
+            return Err((op, done));
+        };
+        if state.flight.in_flight() >= IN_FLIGHT_MAX {
+            return Err((op, done));
+        }
+        let entry = state.flight.start(fd, op, done);
+        state.push(entry);
+        Ok(())
+    })
+}
+
+/// Run `f`, which blocks on ops it submits, with this thread's ring out of
+/// the way: its ops go to device threads that complete them unaided.
+pub fn without_thread_ring<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BLOCKING_DEPTH.with(|depth| depth.set(depth.get() - 1));
+        }
+    }
+    if BLOCKING_DEPTH.with(Cell::get) == 0 {
+        finish_current_ring();
+    }
+    BLOCKING_DEPTH.with(|depth| depth.set(depth.get() + 1));
+    let _restore = Restore;
+    f()
+}
+
+/// Complete everything on this thread's ring. A thread about to sleep on a
+/// lock or an op must not leave ops behind that only it can reap: their
+/// completions may be what releases the lock.
+fn finish_current_ring() {
+    let Some(state) = CURRENT.with(|current| current.borrow().clone()) else {
+        return;
+    };
+    while state.borrow().flight.in_flight() > 0 {
+        wait(&state, None);
+    }
+}
+
+fn readable_now(fd: RawFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no timeout.
+    unsafe { libc::poll(&mut poll, 1, 0) > 0 }
+}
+
+#[cfg(test)]
+mod tests;

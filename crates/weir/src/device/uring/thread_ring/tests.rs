@@ -1,0 +1,147 @@
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::{self, ThreadId};
+use std::time::Duration;
+
+use super::*;
+use crate::device::file::FileDevice;
+use crate::device::{AlignedBuf, Device, IoEngine};
+use crate::pool::SingleDevice;
+use crate::sched::DeviceQueue;
+use crate::volume::Volume;
+
+const SIZE: u64 = 4 << 20;
+
+fn file_device(dir: &tempfile::TempDir) -> Arc<FileDevice> {
+    let path = dir.path().join("dev.img");
+    std::fs::File::create(&path).unwrap().set_len(SIZE).unwrap();
+    Arc::new(FileDevice::open(&path, false, IoEngine::Uring).unwrap())
+}
+
+fn filled(len: usize, byte: u8) -> AlignedBuf {
+    let mut buf = AlignedBuf::new(len);
+    buf.as_mut_slice().fill(byte);
+    buf
+}
+
+/// Runs `f` on a fresh thread and fails the test if it hangs.
+fn within_10s(f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        f();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("thread ring test hung or panicked");
+}
+
+#[test]
+fn ops_complete_on_the_submitting_thread_with_their_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = file_device(&dir);
+    within_10s(move || {
+        let ring = ThreadRing::enter().unwrap();
+        let me = thread::current().id();
+        let (tx, rx) = mpsc::channel::<(ThreadId, Outcome)>();
+        for i in 0..64u64 {
+            let tx = tx.clone();
+            let op = DeviceOp::Write {
+                offset: i * 65536,
+                buf: filled(65536, i as u8 + 1),
+                durable: false,
+            };
+            device.submit(op, Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()));
+        }
+        assert_eq!(ring.in_flight(), 64, "ops went to the thread ring");
+        while ring.in_flight() > 0 {
+            ring.wait(None);
+        }
+        for _ in 0..64 {
+            let (thread, outcome) = rx.try_recv().expect("every write completed");
+            assert_eq!(thread, me);
+            outcome.result.unwrap();
+        }
+        for i in 0..64u64 {
+            let tx = tx.clone();
+            let op = DeviceOp::Read {
+                offset: i * 65536,
+                buf: AlignedBuf::new(65536),
+            };
+            device.submit(op, Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()));
+        }
+        drop(ring); // finishes what is in flight
+        for _ in 0..64 {
+            let (thread, outcome) = rx.try_recv().expect("dropping the ring finished every read");
+            assert_eq!(thread, me);
+            let buf = outcome.buf.unwrap();
+            let first = buf.as_slice()[0];
+            assert!(buf.as_slice().iter().all(|&b| b == first) && first >= 1);
+        }
+    });
+}
+
+#[test]
+fn waiting_reports_a_readable_socket_while_ops_are_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = file_device(&dir);
+    within_10s(move || {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        let ring = ThreadRing::enter().unwrap();
+        let op = DeviceOp::Read {
+            offset: 0,
+            buf: AlignedBuf::new(4096),
+        };
+        device.submit(op, Box::new(|o| o.result.unwrap()));
+        // Nothing to read yet: waits return on the read's completion only.
+        assert!(!ring.wait(Some(server.as_raw_fd())));
+        assert_eq!(ring.in_flight(), 0);
+        client.write_all(b"x").unwrap();
+        device.submit(
+            DeviceOp::Read {
+                offset: 0,
+                buf: AlignedBuf::new(4096),
+            },
+            Box::new(|o| o.result.unwrap()),
+        );
+        let mut readable = false;
+        while !readable {
+            readable = ring.wait(Some(server.as_raw_fd()));
+        }
+    });
+}
+
+#[test]
+fn slow_path_behind_own_in_flight_write_does_not_deadlock() {
+    // An aligned write holds its range lock until its completion is reaped;
+    // an overlapping unaligned write on the same thread then waits for that
+    // lock. Only this thread reaps its ring, so the slow path must finish
+    // the ring first.
+    let dir = tempfile::tempdir().unwrap();
+    let device: Arc<dyn Device> = file_device(&dir);
+    let volume = Arc::new(Volume::new(
+        Arc::new(SingleDevice::new(DeviceQueue::new(device))),
+        false,
+    ));
+    within_10s(move || {
+        let _ring = ThreadRing::enter().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let first = tx.clone();
+        volume.write(0, filled(8192, 7), false, Box::new(move |r| first.send(r).unwrap()));
+        let mut patch = AlignedBuf::new(10);
+        patch.as_mut_slice().fill(9);
+        volume.write(100, patch, false, Box::new(move |r| tx.send(r).unwrap()));
+        rx.try_recv().unwrap().unwrap();
+        rx.try_recv().unwrap().unwrap();
+        let (tx, rx) = mpsc::channel();
+        volume.read(0, 200, Box::new(move |r| tx.send(r).unwrap()));
+        drop(_ring);
+        let data = rx.try_recv().unwrap().unwrap();
+        let bytes = data.bytes();
+        assert!(bytes[..100].iter().all(|&b| b == 7));
+        assert!(bytes[100..110].iter().all(|&b| b == 9));
+        assert!(bytes[110..].iter().all(|&b| b == 7));
+    });
+}
