@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod device;
+pub mod idle_spin;
 pub mod pool;
 pub mod sched;
 pub mod server;

@@ -53,7 +53,10 @@ fn ops_complete_on_the_submitting_thread_with_their_data() {
                 buf: filled(65536, i as u8 + 1),
                 durable: false,
             };
-            device.submit(op, Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()));
+            device.submit(
+                op,
+                Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()),
+            );
         }
         assert_eq!(ring.in_flight(), 64, "ops went to the thread ring");
         while ring.in_flight() > 0 {
@@ -70,11 +73,16 @@ fn ops_complete_on_the_submitting_thread_with_their_data() {
                 offset: i * 65536,
                 buf: AlignedBuf::new(65536),
             };
-            device.submit(op, Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()));
+            device.submit(
+                op,
+                Box::new(move |o| tx.send((thread::current().id(), o)).unwrap()),
+            );
         }
         drop(ring); // finishes what is in flight
         for _ in 0..64 {
-            let (thread, outcome) = rx.try_recv().expect("dropping the ring finished every read");
+            let (thread, outcome) = rx
+                .try_recv()
+                .expect("dropping the ring finished every read");
             assert_eq!(thread, me);
             let buf = outcome.buf.unwrap();
             let first = buf.as_slice()[0];
@@ -129,7 +137,12 @@ fn slow_path_behind_own_in_flight_write_does_not_deadlock() {
         let _ring = ThreadRing::enter().unwrap();
         let (tx, rx) = mpsc::channel();
         let first = tx.clone();
-        volume.write(0, filled(8192, 7), false, Box::new(move |r| first.send(r).unwrap()));
+        volume.write(
+            0,
+            filled(8192, 7),
+            false,
+            Box::new(move |r| first.send(r).unwrap()),
+        );
         let mut patch = AlignedBuf::new(10);
         patch.as_mut_slice().fill(9);
         volume.write(100, patch, false, Box::new(move |r| tx.send(r).unwrap()));
