@@ -66,6 +66,9 @@ struct Queue {
     replies: VecDeque<Reply>,
     /// Read payload bytes among `replies`.
     payload_bytes: usize,
+    /// The writer thread was woken for what is queued; the reader leaves
+    /// sending to it rather than hold up reading.
+    writer_called: bool,
     closed: bool,
 }
 
@@ -101,6 +104,7 @@ impl Outbox {
             queue: Mutex::new(Queue {
                 replies: VecDeque::new(),
                 payload_bytes: 0,
+                writer_called: false,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -135,26 +139,31 @@ impl Outbox {
     }
 
     pub fn push(&self, reply: Reply) {
-        let (queued, queued_bytes) = {
+        let call_writer = {
             let mut queue = self.queue.lock();
             queue.payload_bytes += payload_bytes(&reply);
             queue.replies.push_back(reply);
-            (queue.replies.len(), queue.payload_bytes)
+            // The reader drains before it blocks, so a short queue can wait
+            // for it; a long one goes to the writer thread so that reading
+            // and writing overlap at high queue depths and with large reads.
+            let call = READER_OF.with(Cell::get) != self.connection
+                || queue.replies.len() >= READER_KEEPS_REPLIES_MAX
+                || queue.payload_bytes >= READER_KEEPS_BYTES_MAX;
+            queue.writer_called |= call;
+            call
         };
-        // The reader drains before it blocks, so a short queue can wait for
-        // it; a long one goes to the writer thread so that reading and
-        // writing overlap at high queue depths and with large reads.
-        if READER_OF.with(Cell::get) != self.connection
-            || queued >= READER_KEEPS_REPLIES_MAX
-            || queued_bytes >= READER_KEEPS_BYTES_MAX
-        {
+        if call_writer {
             self.ready.notify_one();
         }
     }
 
-    /// Send what is queued unless the writer thread is already at it (it
-    /// then sends these too: it re-checks the queue before it sleeps).
+    /// The reader's send: what is queued, unless the writer thread has been
+    /// called for it or is already sending (it re-checks the queue before
+    /// it sleeps, so nothing is left behind).
     pub fn drain_unless_busy(&self) {
+        if self.queue.lock().writer_called {
+            return;
+        }
         if let Some(socket) = self.socket.try_lock() {
             self.drain_locked(socket);
         }
@@ -172,6 +181,9 @@ impl Outbox {
                 let take = queue.replies.len().min(BATCH_REPLIES_MAX);
                 let batch: Vec<Reply> = queue.replies.drain(..take).collect();
                 queue.payload_bytes -= batch.iter().map(payload_bytes).sum::<usize>();
+                if queue.replies.is_empty() {
+                    queue.writer_called = false;
+                }
                 batch
             };
             if batch.is_empty() {
