@@ -8,7 +8,12 @@ cache.direct=on,aio=io_uring; nbdkit file (page cache; reference only); and
 fio's io_uring engine on the file with direct=1 as the limit.
 
 Every NBD job uses fio's nbd engine over a Unix socket. Exports are filled
-with data first so that nobody serves holes.
+with data first so that nobody serves holes. The servers of a setting run
+side by side; each job runs on every target once per round (default 3
+rounds of 5 s, so 15 s per job and target), interleaved, and the median
+round is reported with the spread: this VM's disk and CPUs drift by tens of
+percent over minutes, and running the servers one after another let that
+drift decide the ratios.
 """
 
 import argparse
@@ -78,39 +83,76 @@ def fill(uri):
                    capture_output=True, timeout=600)
 
 
-def run_server(name, cmd, sock, runtime, results, prefill=True):
-    print(f"  {name}: {shlex.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+class Servers:
+    """Every server of a setting, all running at once, each on its own socket."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = {}
+        self.uris = {}
+
+    def start(self, name, make_cmd, prefill=True):
+        sock = os.path.join(self.tmp, f"{len(self.procs)}.sock")
+        cmd = make_cmd(sock)
+        print(f"  {name}: {shlex.join(cmd)}", flush=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs[name] = proc
         wait_for_socket(sock, proc)
-        uri = f"nbd+unix:///bench?socket={sock}"
+        self.uris[name] = f"nbd+unix:///bench?socket={sock}"
         if prefill:
-            fill(uri)
-        results[name] = {}
-        for job, rw, bs, depth in JOBS:
-            r = fio(["--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}"], runtime)
-            results[name][job] = r
-            print(f"    {job:18} {r['iops']:10.0f} IOPS {r['mb_s']:8.1f} MB/s  p99 {r['p99_us']:8.1f} us", flush=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if os.path.exists(sock):
-            os.unlink(sock)
+            fill(self.uris[name])
+
+    def stop(self):
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def run_interleaved(targets, runtime, rounds):
+    """targets: name -> fio args without the job's own. For each job, every
+    round runs every target once, in an order that rotates, so a device or
+    host that drifts during the run affects every target alike. Each target
+    reports the median of its rounds (by IOPS) and the spread."""
+    results = {name: {} for name in targets}
+    names = list(targets)
+    for job, rw, bs, depth in JOBS:
+        runs = {name: [] for name in names}
+        for round_index in range(rounds):
+            order = names[round_index % len(names):] + names[:round_index % len(names)]
+            for name in order:
+                runs[name].append(fio([*targets[name], f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}"], runtime))
+        for name in names:
+            ordered = sorted(runs[name], key=lambda r: r["iops"])
+            median = dict(ordered[len(ordered) // 2])
+            median["iops_min"], median["iops_max"] = ordered[0]["iops"], ordered[-1]["iops"]
+            median["rounds"] = runs[name]
+            results[name][job] = median
+            print(f"    {job:18} {name:38} {median['iops']:10.0f} IOPS (min {median['iops_min']:.0f}, "
+                  f"max {median['iops_max']:.0f}) {median['mb_s']:8.1f} MB/s  p99 {median['p99_us']:8.1f} us",
+                  flush=True)
+    return results
+
+
+def nbd_targets(servers):
+    return {name: ["--ioengine=nbd", f"--uri={uri}"] for name, uri in servers.uris.items()}
 
 
 def table(title, results, peers, limit=None):
     lines = [f"### {title}", "",
-             "| job | server | IOPS | MB/s | p50 us | p99 us | max us |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "Median of the rounds by IOPS (the spread is the lowest and highest round); latencies are "
+             "that median round's.", "",
+             "| job | server | IOPS | IOPS spread | MB/s | p50 us | p99 us | max us |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     verdicts = []
     for job, *_ in JOBS:
         for server, by_job in results.items():
             r = by_job[job]
-            lines.append(f"| {job} | {server} | {r['iops']:.0f} | {r['mb_s']:.1f} | {r['p50_us']:.1f} | "
-                         f"{r['p99_us']:.1f} | {r['max_us']:.0f} |")
+            lines.append(f"| {job} | {server} | {r['iops']:.0f} | {r['iops_min']:.0f}-{r['iops_max']:.0f} | "
+                         f"{r['mb_s']:.1f} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['max_us']:.0f} |")
         best = max(peers, key=lambda p: results[p][job]["iops"])
         w, b = results["weir"][job], results[best][job]
         ratio = w["iops"] / b["iops"]
@@ -132,17 +174,19 @@ def table(title, results, peers, limit=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runtime", type=int, default=int(os.environ.get("RUNTIME", 15)), help="seconds per job")
+    parser.add_argument("--runtime", type=int, default=int(os.environ.get("RUNTIME", 5)),
+                        help="seconds per job and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of every job on every server, interleaved; the median is reported")
     parser.add_argument("--settings", default="memory,direct")
     parser.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp"),
                         help="where the 2 GiB file for the direct setting lives (must allow O_DIRECT)")
     args = parser.parse_args()
     settings = args.settings.split(",")
     tmp = tempfile.mkdtemp(prefix="weir-bench-")
-    sock = os.path.join(tmp, "nbd.sock")
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel {platform.release()}",
-              "command": "bench/peers.sh " + shlex.join(sys.argv[1:]), "runtime_s": args.runtime, "settings": {}}
+              "command": "bench/peers.sh " + shlex.join(sys.argv[1:]), "runtime_s": args.runtime, "rounds": args.rounds, "settings": {}}
     markdown = []
 
     if "memory" in settings:
@@ -150,15 +194,16 @@ def main():
         shm = "/dev/shm/weir-bench-qemu.img"
         with open(shm, "wb") as f:
             f.truncate(SIZE)
-        results = {}
+        servers = Servers(tmp)
         try:
-            run_server("weir", [WEIR, "serve", "--listen", "none", "--socket", sock, "--export", "bench=mem:2G",
-                                "--log-level", "warn"], sock, args.runtime, results)
-            run_server("nbdkit", ["nbdkit", "-f", "-U", sock, "-e", "bench", "memory", "2G"], sock, args.runtime,
-                       results)
-            run_server("qemu-nbd", ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t", "--shared=16", shm],
-                       sock, args.runtime, results)
+            servers.start("weir", lambda sock: [WEIR, "serve", "--listen", "none", "--socket", sock, "--export",
+                                                "bench=mem:2G", "--log-level", "warn"])
+            servers.start("nbdkit", lambda sock: ["nbdkit", "-f", "-U", sock, "-e", "bench", "memory", "2G"])
+            servers.start("qemu-nbd", lambda sock: ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t",
+                                                    "--shared=16", shm])
+            results = run_interleaved(nbd_targets(servers), args.runtime, args.rounds)
         finally:
+            servers.stop()
             os.unlink(shm)
         text, verdicts = table("Setting 1: memory-backed", results, ["nbdkit", "qemu-nbd"])
         report["settings"]["memory"] = {"results": results, "verdicts": verdicts}
@@ -171,32 +216,32 @@ def main():
         subprocess.run(["fio", "--name=prefill", "--ioengine=io_uring", "--direct=1", f"--filename={path}",
                         "--rw=write", "--bs=1M", "--iodepth=8", f"--size={SIZE}", "--output-format=terse"],
                        check=True, capture_output=True, timeout=900)
-        results = {}
+        servers = Servers(tmp)
         try:
-            run_server("weir", [WEIR, "serve", "--listen", "none", "--socket", sock, "--export", f"bench={path}",
-                                "--log-level", "warn"], sock, args.runtime, results, prefill=False)
-            run_server("qemu-nbd", ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t", "--shared=16",
-                                    "--cache=none", "--aio=io_uring", path], sock, args.runtime, results,
-                       prefill=False)
-            run_server("qemu-storage-daemon", [
+            # All serve the same file at once; qemu's image locking would
+            # refuse that, and only one of them runs a job at any moment.
+            servers.start("weir", lambda sock: [WEIR, "serve", "--listen", "none", "--socket", sock, "--export",
+                                                f"bench={path}", "--log-level", "warn"], prefill=False)
+            servers.start("qemu-nbd", lambda sock: [
+                "qemu-nbd", "-k", sock, "-x", "bench", "-t", "--shared=16", "--cache=none", "--aio=io_uring",
+                "--image-opts", f"driver=raw,file.driver=file,file.filename={path},file.locking=off"],
+                prefill=False)
+            servers.start("qemu-storage-daemon", lambda sock: [
                 "qemu-storage-daemon",
-                "--blockdev", f"driver=file,node-name=file0,filename={path},cache.direct=on,aio=io_uring",
+                "--blockdev", f"driver=file,node-name=file0,filename={path},cache.direct=on,aio=io_uring,locking=off",
                 "--blockdev", "driver=raw,node-name=raw0,file=file0",
                 "--nbd-server", f"addr.type=unix,addr.path={sock}",
-                "--export", "type=nbd,id=exp0,node-name=raw0,name=bench,writable=on"], sock, args.runtime, results,
-                prefill=False)
-            run_server("nbdkit-file (page cache, reference)",
-                       ["nbdkit", "-f", "-U", sock, "-e", "bench", "file", path, "cache=none"], sock, args.runtime,
-                       results, prefill=False)
+                "--export", "type=nbd,id=exp0,node-name=raw0,name=bench,writable=on"], prefill=False)
+            servers.start("nbdkit-file (page cache, reference)",
+                          lambda sock: ["nbdkit", "-f", "-U", sock, "-e", "bench", "file", path, "cache=none"],
+                          prefill=False)
             print("  io_uring limit: fio --ioengine=io_uring --direct=1 on the file", flush=True)
-            results["fio io_uring direct (limit)"] = {}
-            for job, rw, bs, depth in JOBS:
-                r = fio(["--ioengine=io_uring", "--direct=1", f"--filename={path}", f"--size={SIZE}", f"--rw={rw}",
-                         f"--bs={bs}", f"--iodepth={depth}"], args.runtime)
-                results["fio io_uring direct (limit)"][job] = r
-                print(f"    {job:18} {r['iops']:10.0f} IOPS {r['mb_s']:8.1f} MB/s  p99 {r['p99_us']:8.1f} us",
-                      flush=True)
+            targets = nbd_targets(servers)
+            targets["fio io_uring direct (limit)"] = ["--ioengine=io_uring", "--direct=1", f"--filename={path}",
+                                                      f"--size={SIZE}"]
+            results = run_interleaved(targets, args.runtime, args.rounds)
         finally:
+            servers.stop()
             os.unlink(path)
         text, verdicts = table("Setting 2: direct I/O on a file", results, ["qemu-nbd", "qemu-storage-daemon"],
                                limit="fio io_uring direct (limit)")

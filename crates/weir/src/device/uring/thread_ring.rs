@@ -42,6 +42,8 @@ struct State {
     /// Entries that found the submission queue full.
     overflow: VecDeque<squeue::Entry>,
     poll_armed: bool,
+    /// Ops ever submitted through this ring.
+    submitted_total: u64,
 }
 
 impl State {
@@ -83,6 +85,7 @@ impl ThreadRing {
             flight: Flight::default(),
             overflow: VecDeque::new(),
             poll_armed: false,
+            submitted_total: 0,
         }));
         CURRENT.with(|current| {
             let mut current = current.borrow_mut();
@@ -90,6 +93,12 @@ impl ThreadRing {
             *current = Some(Rc::clone(&state));
         });
         Ok(ThreadRing { state })
+    }
+
+    /// Ops ever submitted through this ring: a caller can tell whether its
+    /// recent work went to a device.
+    pub fn submitted_total(&self) -> u64 {
+        self.state.borrow().submitted_total
     }
 
     /// Ops submitted through this ring and not yet completed.
@@ -212,6 +221,7 @@ pub(super) fn try_submit(
         }
         let entry = state.flight.start(fd, op, done);
         state.push(entry);
+        state.submitted_total += 1;
         Ok(())
     })
 }
