@@ -15,6 +15,7 @@ pub mod mem;
 pub mod spec;
 mod threads;
 mod uring;
+mod workers;
 
 use std::io;
 
