@@ -112,14 +112,14 @@ class Servers:
                 proc.kill()
 
 
-def run_interleaved(targets, runtime, rounds):
+def run_interleaved(targets, runtime, rounds, selected_jobs):
     """targets: name -> fio args without the job's own. For each job, every
     round runs every target once, in an order that rotates, so a device or
     host that drifts during the run affects every target alike. Each target
     reports the median of its rounds (by IOPS) and the spread."""
     results = {name: {} for name in targets}
     names = list(targets)
-    for job, rw, bs, depth in JOBS:
+    for job, rw, bs, depth in selected_jobs:
         runs = {name: [] for name in names}
         for round_index in range(rounds):
             order = names[round_index % len(names):] + names[:round_index % len(names)]
@@ -148,7 +148,7 @@ def table(title, results, peers, limit=None):
              "| job | server | IOPS | IOPS spread | MB/s | p50 us | p99 us | max us |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     verdicts = []
-    for job, *_ in JOBS:
+    for job in results["weir"]:
         for server, by_job in results.items():
             r = by_job[job]
             lines.append(f"| {job} | {server} | {r['iops']:.0f} | {r['iops_min']:.0f}-{r['iops_max']:.0f} | "
@@ -179,10 +179,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=3,
                         help="runs of every job on every server, interleaved; the median is reported")
     parser.add_argument("--settings", default="memory,direct")
+    parser.add_argument("--jobs", default=",".join(j[0] for j in JOBS),
+                        help="comma-separated job names to run (default: all)")
     parser.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp"),
                         help="where the 2 GiB file for the direct setting lives (must allow O_DIRECT)")
     args = parser.parse_args()
     settings = args.settings.split(",")
+    wanted = args.jobs.split(",")
+    unknown = set(wanted) - {j[0] for j in JOBS}
+    if unknown:
+        parser.error(f"unknown jobs: {', '.join(sorted(unknown))}")
+    selected_jobs = [j for j in JOBS if j[0] in wanted]
     tmp = tempfile.mkdtemp(prefix="weir-bench-")
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel {platform.release()}",
@@ -201,7 +208,7 @@ def main():
             servers.start("nbdkit", lambda sock: ["nbdkit", "-f", "-U", sock, "-e", "bench", "memory", "2G"])
             servers.start("qemu-nbd", lambda sock: ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t",
                                                     "--shared=16", shm])
-            results = run_interleaved(nbd_targets(servers), args.runtime, args.rounds)
+            results = run_interleaved(nbd_targets(servers), args.runtime, args.rounds, selected_jobs)
         finally:
             servers.stop()
             os.unlink(shm)
@@ -239,7 +246,7 @@ def main():
             targets = nbd_targets(servers)
             targets["fio io_uring direct (limit)"] = ["--ioengine=io_uring", "--direct=1", f"--filename={path}",
                                                       f"--size={SIZE}"]
-            results = run_interleaved(targets, args.runtime, args.rounds)
+            results = run_interleaved(targets, args.runtime, args.rounds, selected_jobs)
         finally:
             servers.stop()
             os.unlink(path)
