@@ -102,7 +102,7 @@ pub struct ServeArgs {
 }
 
 /// One export, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExportSpec {
     pub name: String,
     pub device: DeviceSpec,
@@ -243,11 +243,21 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         .split_once('=')
         .with_context(|| format!("--export {text:?}: want NAME=SPEC[,readonly]"))?;
     check_name(name)?;
-    let mut parts = rest.split(',');
-    let device = DeviceSpec::parse(parts.next().unwrap_or_default())
-        .map_err(|e| anyhow::anyhow!("--export {text:?}: {e}"))?;
+    // A model spec has commas of its own; export options come last.
+    let (device_text, options) = if rest.starts_with("model:") {
+        match rest.rsplit_once(',') {
+            Some((head, "readonly" | "ro")) => (head, vec!["readonly"]),
+            _ => (rest, vec![]),
+        }
+    } else {
+        let mut parts = rest.split(',');
+        let device = parts.next().unwrap_or_default();
+        (device, parts.collect())
+    };
+    let device =
+        DeviceSpec::parse(device_text).map_err(|e| anyhow::anyhow!("--export {text:?}: {e}"))?;
     let mut read_only = false;
-    for option in parts {
+    for option in options {
         match option {
             "readonly" | "ro" => read_only = true,
             other => bail!("--export {text:?}: unknown option {other:?} (known: readonly)"),

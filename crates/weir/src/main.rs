@@ -29,12 +29,16 @@ struct Cli {
 enum Command {
     /// Serve exports over NBD (with no exports configured: a 1 GiB demo volume).
     Serve(ServeArgs),
+    /// Workloads and scenarios against device models (virtual time) or NBD servers.
+    #[command(subcommand)]
+    Bench(weir::bench::cli::BenchCommand),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(&args),
+        Command::Bench(command) => weir::bench::cli::main(command),
     };
     if let Err(err) = result {
         eprintln!("weir: error: {err:#}");

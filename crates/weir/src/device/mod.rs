@@ -3,7 +3,8 @@
 //! ```text
 //!   sched::DeviceQueue ──submit(op, done)──> dyn Device
 //!                                             ├─ FileDevice  (O_DIRECT; io_uring engine, or threads as fallback)
-//!                                             └─ MemDevice   (sparse pages in RAM)
+//!                                             ├─ MemDevice   (sparse pages in RAM)
+//!                                             └─ ModelDevice (HDD / SSD / NVMe timing model over a store)
 //! ```
 //!
 //! A device executes aligned operations and calls `done` exactly once,
@@ -12,6 +13,7 @@
 pub mod buf;
 pub mod file;
 pub mod mem;
+pub mod model;
 pub mod spec;
 mod threads;
 mod uring;

@@ -1,5 +1,5 @@
 //! Device spec strings, usable wherever a path is: `PATH`, `file:PATH`,
-//! `mem:SIZE`.
+//! `mem:SIZE`, `model:KIND,size=SIZE[,...]` (see `model::spec`).
 
 use std::io;
 use std::path::PathBuf;
@@ -9,17 +9,23 @@ use serde::Deserialize;
 
 use super::file::FileDevice;
 use super::mem::MemDevice;
+use super::model::realtime::ModelDevice;
+use super::model::ModelSpec;
 use super::Device;
 use crate::units::parse_bytes;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum DeviceSpec {
     File(PathBuf),
     Mem { size_bytes: u64 },
+    Model(Box<ModelSpec>),
 }
 
 impl DeviceSpec {
     pub fn parse(text: &str) -> Result<DeviceSpec, String> {
+        if let Some(model) = text.strip_prefix("model:") {
+            return Ok(DeviceSpec::Model(Box::new(ModelSpec::parse(model)?)));
+        }
         if let Some(size) = text.strip_prefix("mem:") {
             let size_bytes = parse_bytes(size)?;
             if size_bytes == 0 {
@@ -40,6 +46,7 @@ impl std::fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::File(path) => write!(f, "{}", path.display()),
             DeviceSpec::Mem { size_bytes } => write!(f, "mem:{size_bytes}"),
+            DeviceSpec::Model(spec) => write!(f, "{}", spec.text),
         }
     }
 }
@@ -64,6 +71,7 @@ pub fn open(spec: &DeviceSpec, read_only: bool, engine: IoEngine) -> io::Result<
                 .map_err(|err| io::Error::new(err.kind(), format!("{}: {err}", path.display())))?,
         ),
         DeviceSpec::Mem { size_bytes } => Arc::new(MemDevice::new(*size_bytes)),
+        DeviceSpec::Model(spec) => Arc::new(ModelDevice::open(spec, read_only)?),
     })
 }
 
@@ -90,5 +98,10 @@ mod tests {
         assert!(DeviceSpec::parse("mem:0").is_err());
         assert!(DeviceSpec::parse("mem:lots").is_err());
         assert!(DeviceSpec::parse("").is_err());
+        assert!(matches!(
+            DeviceSpec::parse("model:hdd,size=1G,tags=4"),
+            Ok(DeviceSpec::Model(_))
+        ));
+        assert!(DeviceSpec::parse("model:hdd,size=1G,tags=x").is_err());
     }
 }

@@ -46,6 +46,10 @@ impl IoClass {
             IoClass::Trim => "trim",
         }
     }
+
+    pub fn parse(name: &str) -> Option<IoClass> {
+        IoClass::ALL.into_iter().find(|class| class.name() == name)
+    }
 }
 
 /// Counters of one class on one device.

@@ -1,0 +1,235 @@
+//! The `weir bench` command line.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+
+use super::report::Report;
+use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
+use super::{emit, parse_jobs, run_jobs, Target};
+use crate::device::model::ModelSpec;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Run jobs against a simulated device (--sim --device) or an NBD server (--uri).
+    Run(RunArgs),
+    /// Each device model alone, measured against its expected figures.
+    Calibrate(ScenarioArgs),
+    /// Seed 000: a sequential scrub starves 4 KiB random reads on an HDD.
+    ScrubVsRandread(ScenarioArgs),
+    /// Seed 001: bursts of large writes stall reads on a SATA SSD.
+    WritebackVsRandread(ScenarioArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Virtual time on a device model (needs --device).
+    #[arg(long, conflicts_with = "uri")]
+    sim: bool,
+    /// The device for --sim: model:KIND,size=SIZE[,param=value...].
+    #[arg(long, requires = "sim")]
+    device: Option<String>,
+    /// Real time through NBD: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
+    #[arg(long)]
+    uri: Option<String>,
+    /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,mix=F,offset=B,size=B,start=S,stop=S,class=C].
+    #[arg(long = "job", required = true)]
+    jobs: Vec<String>,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct ScenarioArgs {
+    /// Virtual time (the default).
+    #[arg(long, conflicts_with_all = ["real", "uri"])]
+    sim: bool,
+    /// Real time: start `weir serve` on each model device and drive it through NBD.
+    #[arg(long, conflicts_with = "uri")]
+    real: bool,
+    /// Real time against a server you started, serving the scenario's device.
+    #[arg(long)]
+    uri: Option<String>,
+    /// Seconds per run.
+    #[arg(long)]
+    seconds: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Directory for the JSON report.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn main(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Run(args) => run(args),
+        BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
+        BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
+        BenchCommand::WritebackVsRandread(args) => {
+            scenario(args, 10.0, scenarios::writeback_vs_randread)
+        }
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let jobs = parse_jobs(&args.jobs)?;
+    check_seconds(args.seconds)?;
+    let target = match (args.sim, args.device, args.uri) {
+        (true, Some(device), None) => {
+            let text = device
+                .strip_prefix("model:")
+                .context("--sim runs device models: --device model:KIND,size=SIZE,...")?;
+            Target::Sim(Box::new(
+                ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
+            ))
+        }
+        (true, None, _) => bail!("--sim needs --device model:KIND,size=SIZE"),
+        (false, _, Some(uri)) => Target::Nbd { uri, device: None },
+        _ => bail!("give --sim --device SPEC, or --uri URI"),
+    };
+    let run = run_jobs("run", &target, &jobs, args.seconds, args.seed)?;
+    let report = Report {
+        scenario: "run".into(),
+        mode: target.mode().into(),
+        seconds: args.seconds,
+        seed: args.seed,
+        runs: vec![run],
+    };
+    emit(&report, args.json.as_deref(), None)
+}
+
+fn check_seconds(seconds: f64) -> anyhow::Result<()> {
+    if !(seconds > 0.0 && seconds <= 3600.0) {
+        bail!("--seconds must be in (0, 3600]");
+    }
+    Ok(())
+}
+
+type Scenario = fn(&mut dyn Targets, f64, u64) -> anyhow::Result<Outcome>;
+
+fn scenario(args: ScenarioArgs, default_seconds: f64, scenario: Scenario) -> anyhow::Result<()> {
+    let seconds = args.seconds.unwrap_or(default_seconds);
+    check_seconds(seconds)?;
+    let outcome = match (&args.uri, args.real) {
+        (Some(uri), _) => scenario(&mut UriTargets(uri.clone()), seconds, args.seed)?,
+        (None, true) => scenario(&mut ServedTargets::new()?, seconds, args.seed)?,
+        (None, false) => scenario(&mut SimTargets, seconds, args.seed)?,
+    };
+    emit(&outcome.report, None, args.out.as_deref())?;
+    println!("\n{}", checks_table(&outcome.checks));
+    let rerun: Vec<String> = std::env::args().collect();
+    println!("rerun: {}", rerun.join(" "));
+    Ok(())
+}
+
+/// Every device of a scenario is the server at one URI.
+struct UriTargets(String);
+
+impl Targets for UriTargets {
+    fn target(&mut self, device: &str) -> anyhow::Result<Target> {
+        Ok(Target::Nbd {
+            uri: self.0.clone(),
+            device: Some(format!("assumed {device}")),
+        })
+    }
+}
+
+/// `weir serve` started per device, on a Unix socket in a temporary directory.
+struct ServedTargets {
+    dir: tempdir::Dir,
+    servers: Vec<(String, Child, String)>,
+}
+
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new() -> std::io::Result<Dir> {
+            let path = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&path)?;
+            Ok(Dir(path))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl ServedTargets {
+    fn new() -> anyhow::Result<ServedTargets> {
+        Ok(ServedTargets {
+            dir: tempdir::Dir::new().context("cannot create a socket directory")?,
+            servers: Vec::new(),
+        })
+    }
+}
+
+impl Targets for ServedTargets {
+    fn target(&mut self, device: &str) -> anyhow::Result<Target> {
+        if let Some((_, _, uri)) = self.servers.iter().find(|(d, _, _)| d == device) {
+            return Ok(Target::Nbd {
+                uri: uri.clone(),
+                device: Some(device.into()),
+            });
+        }
+        let socket = self.dir.path().join(format!("{}.sock", self.servers.len()));
+        let exe = std::env::current_exe().context("cannot find the weir binary")?;
+        let child = Command::new(exe)
+            .args([
+                "serve",
+                "--listen",
+                "none",
+                "--log-level",
+                "warn",
+                "--socket",
+            ])
+            .arg(&socket)
+            .arg("--export")
+            .arg(format!("bench={device}"))
+            .stdout(Stdio::null())
+            .spawn()
+            .context("cannot start weir serve")?;
+        let uri = format!("nbd+unix:///bench?socket={}", socket.display());
+        self.servers.push((device.into(), child, uri.clone()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("weir serve did not come up on {}", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Target::Nbd {
+            uri,
+            device: Some(device.into()),
+        })
+    }
+}
+
+impl Drop for ServedTargets {
+    fn drop(&mut self) {
+        for (_, child, _) in &mut self.servers {
+            // SAFETY: signalling our own child process.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+}

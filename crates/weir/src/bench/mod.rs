@@ -1,0 +1,123 @@
+//! `weir bench`: workloads against a simulated device (virtual time) or a
+//! real NBD server (real time), with the same generators and reports.
+//!
+//! ```text
+//!   weir bench run --job ... ─┐
+//!   weir bench SCENARIO ──────┼─> Target::Sim(model spec) ──> sim::Simulation
+//!                             └─> Target::Nbd(uri) ─────────> real::run (NBD client threads)
+//!                                        │
+//!                                  report: table, log2 histograms, JSON
+//! ```
+
+pub mod cli;
+pub mod job;
+pub mod nbd_client;
+pub mod real;
+pub mod report;
+pub mod scenarios;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use crate::device::model::{ModelSpec, NANOS_PER_SEC};
+use crate::sim::{Simulation, StreamResult};
+use job::JobSpec;
+use report::{Report, Run, RunConfig, Stream};
+
+/// Where a workload runs.
+#[derive(Clone, Debug)]
+pub enum Target {
+    Sim(Box<ModelSpec>),
+    /// An NBD URI; `device` says what is behind it, when we know.
+    Nbd {
+        uri: String,
+        device: Option<String>,
+    },
+}
+
+impl Target {
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Sim(spec) => spec.text.clone(),
+            Target::Nbd {
+                uri,
+                device: Some(device),
+            } => format!("{uri} ({device})"),
+            Target::Nbd { uri, device: None } => uri.clone(),
+        }
+    }
+
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Target::Sim(_) => "sim",
+            Target::Nbd { .. } => "real",
+        }
+    }
+}
+
+/// Run `jobs` on `target` for `seconds` and label the result.
+pub fn run_jobs(
+    label: &str,
+    target: &Target,
+    jobs: &[JobSpec],
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Run> {
+    let duration = (seconds * NANOS_PER_SEC as f64) as u64;
+    let results: Vec<StreamResult> = match target {
+        Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
+            .map_err(anyhow::Error::msg)?
+            .run(),
+        Target::Nbd { uri, .. } => real::run(uri, jobs, duration, seed)?,
+    };
+    Ok(Run {
+        label: label.into(),
+        config: RunConfig {
+            target: target.describe(),
+            jobs: jobs.iter().map(|j| j.text.clone()).collect(),
+        },
+        streams: results.iter().map(Stream::from_result).collect(),
+    })
+}
+
+pub fn parse_jobs(texts: &[String]) -> anyhow::Result<Vec<JobSpec>> {
+    if texts.is_empty() {
+        bail!("give at least one --job");
+    }
+    let jobs = texts
+        .iter()
+        .map(|t| JobSpec::parse(t).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
+        bail!(
+            "two jobs are named {:?}; give each a distinct name=",
+            pair[0]
+        );
+    }
+    Ok(jobs)
+}
+
+/// Print the report and write its JSON (to `json`, or into `out_dir`).
+pub fn emit(report: &Report, json: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result<()> {
+    print!("{}", report::render(report));
+    let path: Option<PathBuf> = match (json, out_dir) {
+        (Some(path), _) => Some(path.to_path_buf()),
+        (None, Some(dir)) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            Some(dir.join(format!("{}-{}.json", report.scenario, report.mode)))
+        }
+        (None, None) => None,
+    };
+    if let Some(path) = path {
+        let text = serde_json::to_string_pretty(report)?;
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

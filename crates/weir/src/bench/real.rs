@@ -1,0 +1,235 @@
+//! The real-time driver: each job gets its own NBD connection, a sender
+//! thread that keeps `qd` requests in flight (or sends Poisson arrivals on
+//! an absolute schedule) and a receiver thread that times the replies.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use parking_lot::{Condvar, Mutex};
+use weir_nbd::consts::{CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE};
+
+use super::job::{Generator, JobSpec};
+use super::nbd_client::{self, request_header, Socket};
+use super::stats::LatencyStats;
+use crate::device::model::{IoKind, Nanos};
+use crate::sim::StreamResult;
+
+/// How long to wait for replies still in flight when a job stops.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Flight {
+    /// handle -> (arrived, bytes, read)
+    pending: HashMap<u64, (Nanos, u64, bool)>,
+    result: StreamResult,
+    receiver_failed: Option<String>,
+}
+
+struct Shared {
+    flight: Mutex<Flight>,
+    slot_freed: Condvar,
+    epoch: Instant,
+    stop: Nanos,
+}
+
+impl Shared {
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+}
+
+pub fn run(
+    uri: &str,
+    jobs: &[JobSpec],
+    duration: Nanos,
+    seed: u64,
+) -> anyhow::Result<Vec<StreamResult>> {
+    let mut connections = Vec::new();
+    for job in jobs {
+        let connection = nbd_client::connect(uri)?;
+        let generator =
+            Generator::new(job.clone(), connection.size_bytes, seed).map_err(anyhow::Error::msg)?;
+        connections.push((connection, generator));
+    }
+    let epoch = Instant::now();
+    let mut threads = Vec::new();
+    let mut shared_all = Vec::new();
+    for (connection, generator) in connections {
+        let job = generator.job().clone();
+        let stop = job.stop_ns().unwrap_or(duration).min(duration);
+        let shared = Arc::new(Shared {
+            flight: Mutex::new(Flight {
+                pending: HashMap::new(),
+                result: StreamResult {
+                    active_ns: stop.saturating_sub(job.start_ns()),
+                    job,
+                    ops: 0,
+                    bytes: 0,
+                    errors: 0,
+                    latency: LatencyStats::default(),
+                },
+                receiver_failed: None,
+            }),
+            slot_freed: Condvar::new(),
+            epoch,
+            stop,
+        });
+        let reader = connection
+            .socket
+            .try_clone()
+            .context("cannot clone the socket")?;
+        let receiver_shared = Arc::clone(&shared);
+        threads.push(std::thread::spawn(move || {
+            receive(reader, &receiver_shared)
+        }));
+        let sender_shared = Arc::clone(&shared);
+        threads.push(std::thread::spawn(move || {
+            send(connection.socket, generator, &sender_shared)
+        }));
+        shared_all.push(shared);
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    let mut results = Vec::new();
+    for shared in shared_all {
+        let mut flight = shared.flight.lock();
+        if let Some(reason) = flight.receiver_failed.take() {
+            anyhow::bail!("job {}: {reason}", flight.result.job.name);
+        }
+        results.push(flight.result.clone());
+    }
+    Ok(results)
+}
+
+fn sleep_until(shared: &Shared, at: Nanos) {
+    let now = shared.now();
+    if at > now {
+        std::thread::sleep(Duration::from_nanos(at - now));
+    }
+}
+
+fn send(mut socket: Socket, mut generator: Generator, shared: &Shared) {
+    let job = generator.job().clone();
+    let payload = vec![0x5au8; job.bs as usize];
+    sleep_until(shared, job.start_ns());
+    let mut next_arrival = shared.now();
+    let mut handle = 0u64;
+    loop {
+        let arrived = match generator.next_gap_ns() {
+            Some(gap) => {
+                next_arrival += gap;
+                sleep_until(shared, next_arrival);
+                next_arrival
+            }
+            None => shared.now(),
+        };
+        if arrived >= shared.stop {
+            break;
+        }
+        {
+            let mut flight = shared.flight.lock();
+            while flight.pending.len() >= job.qd as usize && flight.receiver_failed.is_none() {
+                shared.slot_freed.wait(&mut flight);
+            }
+            if flight.receiver_failed.is_some() {
+                return;
+            }
+            let arrived = if job.rate_per_sec.is_some() {
+                arrived
+            } else {
+                shared.now()
+            };
+            let (kind, offset, length) = generator.next_io();
+            handle += 1;
+            flight
+                .pending
+                .insert(handle, (arrived, length, kind == IoKind::Read));
+            drop(flight);
+            let command = match kind {
+                IoKind::Read => CMD_READ,
+                IoKind::Write => CMD_WRITE,
+                IoKind::Flush => CMD_FLUSH,
+                IoKind::Discard => CMD_TRIM,
+            };
+            let header = request_header(command, handle, offset, length as u32);
+            let sent = socket.write_all(&header).and_then(|()| {
+                if kind == IoKind::Write {
+                    socket.write_all(&payload[..length as usize])
+                } else {
+                    Ok(())
+                }
+            });
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let mut flight = shared.flight.lock();
+    while !flight.pending.is_empty() && flight.receiver_failed.is_none() {
+        if shared
+            .slot_freed
+            .wait_until(&mut flight, deadline)
+            .timed_out()
+        {
+            break;
+        }
+    }
+    drop(flight);
+    let _ = socket.write_all(&request_header(CMD_DISC, 0, 0, 0));
+    socket.shutdown();
+}
+
+fn receive(mut socket: Socket, shared: &Shared) {
+    let mut sink = vec![0u8; 1 << 20];
+    loop {
+        let (error, handle) = match nbd_client::read_reply(&mut socket) {
+            Ok(reply) => reply,
+            Err(err) => {
+                let mut flight = shared.flight.lock();
+                if !flight.pending.is_empty() {
+                    flight.receiver_failed =
+                        Some(format!("connection lost with requests in flight: {err}"));
+                }
+                shared.slot_freed.notify_all();
+                return;
+            }
+        };
+        let entry = shared.flight.lock().pending.get(&handle).copied();
+        let Some((arrived, bytes, read)) = entry else {
+            shared.flight.lock().receiver_failed =
+                Some(format!("reply for unknown handle {handle}"));
+            shared.slot_freed.notify_all();
+            return;
+        };
+        if read && error == 0 {
+            let mut left = bytes as usize;
+            while left > 0 {
+                let take = left.min(sink.len());
+                if socket.read_exact(&mut sink[..take]).is_err() {
+                    shared.flight.lock().receiver_failed = Some("connection lost mid-reply".into());
+                    shared.slot_freed.notify_all();
+                    return;
+                }
+                left -= take;
+            }
+        }
+        let now = shared.now();
+        let mut flight = shared.flight.lock();
+        flight.pending.remove(&handle);
+        if now <= shared.stop {
+            if error == 0 {
+                flight.result.ops += 1;
+                flight.result.bytes += bytes;
+                flight.result.latency.record(now - arrived);
+            } else {
+                flight.result.errors += 1;
+            }
+        }
+        drop(flight);
+        shared.slot_freed.notify_all();
+    }
+}

@@ -1,0 +1,126 @@
+//! Bench reports: the stable JSON shape (documented in `docs/bench.md`)
+//! and the tables and log2 histograms printed for people.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::stats::{LatencyStats, LatencySummary};
+use crate::sim::StreamResult;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    /// "sim" or "real".
+    pub mode: String,
+    pub seconds: f64,
+    pub seed: u64,
+    pub runs: Vec<Run>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub label: String,
+    pub config: RunConfig,
+    pub streams: Vec<Stream>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunConfig {
+    /// The device spec (sim) or the NBD URI (real).
+    pub target: String,
+    pub jobs: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Stream {
+    pub name: String,
+    pub ops: u64,
+    pub errors: u64,
+    pub iops: f64,
+    pub mb_per_s: f64,
+    pub latency_us: LatencySummary,
+    /// Counts per bucket; bucket i holds latencies in [2^i, 2^(i+1)) us.
+    pub histogram_log2_us: Vec<u64>,
+}
+
+impl Stream {
+    pub fn from_result(result: &StreamResult) -> Stream {
+        let seconds = result.active_ns as f64 / 1e9;
+        let per_sec = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+        Stream {
+            name: result.job.name.clone(),
+            ops: result.ops,
+            errors: result.errors,
+            iops: per_sec(result.ops as f64),
+            mb_per_s: per_sec(result.bytes as f64) / 1e6,
+            latency_us: result.latency.summary_us(),
+            histogram_log2_us: trimmed_log2(&result.latency),
+        }
+    }
+}
+
+/// The log2 buckets without the empty tail.
+fn trimmed_log2(stats: &LatencyStats) -> Vec<u64> {
+    let mut buckets = stats.log2_us();
+    while buckets.len() > 1 && buckets.last() == Some(&0) {
+        buckets.pop();
+    }
+    buckets
+}
+
+fn fmt_us(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.0} ms", us / 1000.0)
+    } else if us >= 1000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} us")
+    }
+}
+
+/// One table per run, then each stream's histogram.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {} ({}, {} s, seed {})",
+        report.scenario, report.mode, report.seconds, report.seed
+    );
+    for run in &report.runs {
+        let _ = writeln!(out, "\n== {}: {}", run.label, run.config.target);
+        let _ = writeln!(
+            out,
+            "{:<12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "stream", "IOPS", "MB/s", "mean", "p50", "p90", "p99", "p99.9", "max", "ops", "errors"
+        );
+        for s in &run.streams {
+            let l = &s.latency_us;
+            let _ = writeln!(
+                out,
+                "{:<12} {:>9.1} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+                s.name,
+                s.iops,
+                s.mb_per_s,
+                fmt_us(l.mean),
+                fmt_us(l.p50),
+                fmt_us(l.p90),
+                fmt_us(l.p99),
+                fmt_us(l.p99_9),
+                fmt_us(l.max),
+                s.ops,
+                s.errors
+            );
+        }
+        for s in &run.streams {
+            let counts: Vec<String> = s.histogram_log2_us.iter().map(u64::to_string).collect();
+            let _ = writeln!(
+                out,
+                "{} latency, log2 histogram in us (bucket i = [2^i, 2^(i+1)) us, from 1 us):\n  {}",
+                s.name,
+                counts.join(", ")
+            );
+        }
+    }
+    out
+}

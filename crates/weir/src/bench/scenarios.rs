@@ -1,0 +1,290 @@
+//! Named scenarios: the device calibration and the two pathologies of
+//! seeds 000 and 001, each run as labelled runs of one report with a table
+//! of measured against expected figures.
+
+use std::fmt::Write as _;
+
+use super::job::JobSpec;
+use super::report::{Report, Run, Stream};
+use super::{run_jobs, Target};
+use crate::device::model::ModelSpec;
+
+/// Devices the scenarios use. 64 GiB keeps a memory store's page table
+/// small in real time; the models' timing depends on fractions of the size.
+pub const HDD: &str = "model:hdd,size=64G";
+pub const SSD: &str = "model:ssd,size=64G";
+pub const NVME: &str = "model:nvme,size=64G";
+
+/// One figure checked against its expected range.
+pub struct Check {
+    pub what: String,
+    pub expected: String,
+    pub measured: String,
+    pub ok: bool,
+}
+
+impl Check {
+    fn range(what: &str, unit: &str, measured: f64, low: f64, high: f64) -> Check {
+        Check {
+            what: what.into(),
+            expected: if high.is_finite() {
+                format!("{low}-{high} {unit}")
+            } else {
+                format!(">= {low} {unit}")
+            },
+            measured: if unit == "x" {
+                format!("{measured:.2} {unit}")
+            } else {
+                format!("{measured:.1} {unit}")
+            },
+            ok: measured >= low && measured <= high,
+        }
+    }
+}
+
+pub fn checks_table(checks: &[Check]) -> String {
+    let mut out = String::from("| measure | expected | measured | ok |\n|---|---|---|---|\n");
+    for c in checks {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            c.what,
+            c.expected,
+            c.measured,
+            if c.ok { "yes" } else { "NO" }
+        );
+    }
+    out
+}
+
+/// How a scenario reaches its devices.
+pub trait Targets {
+    /// The target for a device spec such as `model:hdd,size=64G`.
+    fn target(&mut self, device: &str) -> anyhow::Result<Target>;
+}
+
+/// Simulated devices.
+pub struct SimTargets;
+
+impl Targets for SimTargets {
+    fn target(&mut self, device: &str) -> anyhow::Result<Target> {
+        let text = device.strip_prefix("model:").unwrap_or(device);
+        Ok(Target::Sim(Box::new(
+            ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
+        )))
+    }
+}
+
+fn jobs(texts: &[&str]) -> Vec<JobSpec> {
+    texts
+        .iter()
+        .map(|t| JobSpec::parse(t).expect("scenario jobs are valid"))
+        .collect()
+}
+
+fn stream<'a>(run: &'a Run, name: &str) -> &'a Stream {
+    run.streams
+        .iter()
+        .find(|s| s.name == name)
+        .expect("scenario streams exist")
+}
+
+pub struct Outcome {
+    pub report: Report,
+    pub checks: Vec<Check>,
+}
+
+fn report(scenario: &str, targets_mode: &str, seconds: f64, seed: u64, runs: Vec<Run>) -> Report {
+    Report {
+        scenario: scenario.into(),
+        mode: targets_mode.into(),
+        seconds,
+        seed,
+        runs,
+    }
+}
+
+pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
+    let hdd = targets.target(HDD)?;
+    let ssd = targets.target(SSD)?;
+    let nvme = targets.target(NVME)?;
+    let mode = hdd.mode();
+    // The inner-edge job starts 1 GiB before the end of the 64 GiB drive.
+    let plan: Vec<(&str, &Target, &str)> = vec![
+        ("hdd-randread-qd1", &hdd, "name=io,rw=randread,bs=4k,qd=1"),
+        ("hdd-randread-qd32", &hdd, "name=io,rw=randread,bs=4k,qd=32"),
+        (
+            "hdd-seqread-outer",
+            &hdd,
+            "name=io,rw=read,bs=1m,qd=2,offset=0,size=1g",
+        ),
+        (
+            "hdd-seqread-inner",
+            &hdd,
+            "name=io,rw=read,bs=1m,qd=2,offset=63g,size=1g",
+        ),
+        ("ssd-randread-qd1", &ssd, "name=io,rw=randread,bs=4k,qd=1"),
+        ("ssd-seqread", &ssd, "name=io,rw=read,bs=1m,qd=4"),
+        ("ssd-randread-qd32", &ssd, "name=io,rw=randread,bs=4k,qd=32"),
+        ("nvme-randread-qd1", &nvme, "name=io,rw=randread,bs=4k,qd=1"),
+        ("nvme-seqread", &nvme, "name=io,rw=read,bs=1m,qd=8"),
+    ];
+    let mut runs = Vec::new();
+    for (label, target, job) in plan {
+        runs.push(run_jobs(label, target, &jobs(&[job]), seconds, seed)?);
+    }
+    let io = |i: usize| stream(&runs[i], "io");
+    let hdd_qd1 = io(0).iops;
+    let checks = vec![
+        Check::range(
+            "HDD 4K random read QD1, mean",
+            "ms",
+            io(0).latency_us.mean / 1000.0,
+            11.0,
+            14.0,
+        ),
+        Check::range("HDD 4K random read QD1", "IOPS", hdd_qd1, 70.0, 90.0),
+        Check::range(
+            "HDD 4K random read QD32 / QD1",
+            "x",
+            io(1).iops / hdd_qd1.max(1e-9),
+            1.5,
+            2.5,
+        ),
+        Check::range(
+            "HDD 1M sequential read, outer edge",
+            "MB/s",
+            io(2).mb_per_s,
+            200.0,
+            260.0,
+        ),
+        Check::range(
+            "HDD inner / outer sequential rate",
+            "x",
+            io(3).mb_per_s / io(2).mb_per_s.max(1e-9),
+            0.4,
+            0.6,
+        ),
+        Check::range(
+            "SSD 4K random read QD1, mean",
+            "us",
+            io(4).latency_us.mean,
+            80.0,
+            120.0,
+        ),
+        Check::range(
+            "SSD 1M sequential read",
+            "MB/s",
+            io(5).mb_per_s,
+            500.0,
+            560.0,
+        ),
+        Check::range(
+            "SSD 4K random read QD32",
+            "IOPS",
+            io(6).iops,
+            85_000.0,
+            105_000.0,
+        ),
+        Check::range(
+            "NVMe 4K random read QD1, mean",
+            "us",
+            io(7).latency_us.mean,
+            60.0,
+            120.0,
+        ),
+        Check::range(
+            "NVMe 1M sequential read",
+            "MB/s",
+            io(8).mb_per_s,
+            2500.0,
+            f64::INFINITY,
+        ),
+    ];
+    Ok(Outcome {
+        report: report("calibrate", mode, seconds, seed, runs),
+        checks,
+    })
+}
+
+/// Seed 000: a sequential scan starves a random reader on an HDD.
+pub fn scrub_vs_randread(
+    targets: &mut dyn Targets,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Outcome> {
+    let hdd = targets.target(HDD)?;
+    let reader = "name=randread,rw=randread,bs=4k,qd=1";
+    let scan = |qd: u32| format!("name=scrub,rw=read,bs=1m,qd={qd}");
+    let runs = vec![
+        run_jobs("idle", &hdd, &jobs(&[reader]), seconds, seed)?,
+        run_jobs("fifo", &hdd, &jobs(&[reader, &scan(3)]), seconds, seed)?,
+        run_jobs(
+            "fifo-scrub-qd1",
+            &hdd,
+            &jobs(&[reader, &scan(1)]),
+            seconds,
+            seed,
+        )?,
+    ];
+    let idle = stream(&runs[0], "randread");
+    let qd3 = stream(&runs[1], "randread");
+    let qd1 = stream(&runs[2], "randread");
+    let checks = vec![
+        Check::range(
+            "random reader max latency, scrub QD3",
+            "ms",
+            qd3.latency_us.max / 1000.0,
+            1000.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "random reader IOPS / idle, scrub QD3",
+            "x",
+            qd3.iops / idle.iops.max(1e-9),
+            0.0,
+            0.3,
+        ),
+        Check {
+            what: "scrub QD1 stalls the reader less than QD3 (max latency)".into(),
+            expected: format!("< {:.0} ms", qd3.latency_us.max / 1000.0),
+            measured: format!("{:.0} ms", qd1.latency_us.max / 1000.0),
+            ok: qd1.latency_us.max < qd3.latency_us.max,
+        },
+    ];
+    Ok(Outcome {
+        report: report("scrub-vs-randread", hdd.mode(), seconds, seed, runs),
+        checks,
+    })
+}
+
+/// Seed 001: a burst of large writes stalls reads on a SATA SSD.
+pub fn writeback_vs_randread(
+    targets: &mut dyn Targets,
+    seconds: f64,
+    seed: u64,
+) -> anyhow::Result<Outcome> {
+    let ssd = targets.target(SSD)?;
+    // One burst of writes over the middle of the run; the reader is
+    // measured over the same window, alone (idle) and beside the burst.
+    let window = format!("start={},stop={}", seconds * 0.2, seconds * 0.8);
+    let reader = format!("name=randread,rw=randread,bs=4k,qd=1,{window}");
+    let burst = format!("name=writeback,rw=write,bs=512k,qd=32,{window}");
+    let runs = vec![
+        run_jobs("idle", &ssd, &jobs(&[&reader]), seconds, seed)?,
+        run_jobs("fifo", &ssd, &jobs(&[&reader, &burst]), seconds, seed)?,
+    ];
+    let idle = stream(&runs[0], "randread");
+    let busy = stream(&runs[1], "randread");
+    let checks = vec![Check::range(
+        "random reader p99 / idle p99, during write bursts",
+        "x",
+        busy.latency_us.p99 / idle.latency_us.p99.max(1e-9),
+        20.0,
+        f64::INFINITY,
+    )];
+    Ok(Outcome {
+        report: report("writeback-vs-randread", ssd.mode(), seconds, seed, runs),
+        checks,
+    })
+}
