@@ -127,6 +127,13 @@ fn scenario(args: ScenarioArgs, default_seconds: f64, scenario: Scenario) -> any
     println!("\n{}", checks_table(&outcome.checks));
     let rerun: Vec<String> = std::env::args().collect();
     println!("rerun: {}", rerun.join(" "));
+    let failed = outcome.checks.iter().filter(|c| !c.ok).count();
+    if failed > 0 {
+        bail!(
+            "{failed} of {} checks missed their expected range",
+            outcome.checks.len()
+        );
+    }
     Ok(())
 }
 

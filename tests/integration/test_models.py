@@ -1,0 +1,120 @@
+"""Device models: served in real time, driven by fio and libnbd; the
+simulated scenarios meet their bars; faults change at run time."""
+
+import json
+import os
+import tempfile
+import time
+import unittest
+
+import nbd
+
+from weirtest import WEIR, Weir, run
+
+
+def fio_json(uri, *args, runtime=4):
+    out = run("fio", "--name=j", "--ioengine=nbd", f"--uri={uri}", "--time_based", f"--runtime={runtime}",
+              "--output-format=json", *args, timeout=runtime + 60).stdout
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    return job["read"] if job["read"]["io_bytes"] else job["write"]
+
+
+class ModelDevices(unittest.TestCase):
+    def test_hdd_model_random_reads_land_in_the_calibrated_range(self):
+        with Weir("--export", "disk=model:hdd,size=64G") as w:
+            side = fio_json(w.uri("disk"), "--rw=randread", "--bs=4k", "--iodepth=1", "--randrepeat=0")
+            mean_ms = side["clat_ns"]["mean"] / 1e6
+            # The model alone gives 11-14 ms; NBD adds well under a millisecond.
+            self.assertGreaterEqual(mean_ms, 11.0, side)
+            self.assertLessEqual(mean_ms, 14.5, side)
+            self.assertTrue(65 <= side["iops"] <= 92, side["iops"])
+
+    def test_data_written_to_a_model_reads_back(self):
+        with Weir("--export", "disk=model:nvme,size=1G") as w:
+            h = nbd.NBD()
+            h.connect_uri(w.uri("disk"))
+            data = os.urandom(1 << 20)
+            h.pwrite(data, 12345 * 512)
+            h.flush()
+            self.assertEqual(h.pread(len(data), 12345 * 512), data)
+            self.assertFalse(h.is_rotational())
+            h.shutdown()
+
+    def test_faults_change_through_the_control_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            control = os.path.join(tmp, "faults")
+            with Weir("--export", f"disk=model:ssd,size=1G,control={control}") as w:
+                h = nbd.NBD()
+                h.connect_uri(w.uri("disk"))
+                h.pwrite(b"x" * 4096, 0)
+
+                def command(text):
+                    with open(control, "w") as f:
+                        f.write(text + "\n")
+                    deadline = time.time() + 5
+                    while os.path.getsize(control) and time.time() < deadline:
+                        time.sleep(0.02)  # the engine empties the file once applied
+                    self.assertEqual(os.path.getsize(control), 0, "control file not read")
+
+                command("bad 0..4096")
+                with self.assertRaises(nbd.Error) as err:
+                    h.pread(4096, 0)
+                self.assertEqual(err.exception.errno, "EIO")
+                self.assertEqual(h.pread(4096, 4096), bytes(4096), "outside the range still reads")
+                command("vanish")
+                with self.assertRaises(nbd.Error):
+                    h.pread(4096, 4096)
+                command("heal")
+                self.assertEqual(h.pread(4096, 0), b"x" * 4096)
+                h.shutdown()
+                self.assertIn("fault command applied", w.logs())
+
+    def test_a_bad_model_spec_is_refused_with_the_reason(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run(WEIR, "serve", "--listen", "none", "--socket", os.path.join(tmp, "s"), "--export",
+                         "disk=model:hdd,size=1G,tags=lots", check=False, timeout=30)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("tags=lots", result.stderr)
+
+
+class Bench(unittest.TestCase):
+    def test_simulated_scenarios_meet_their_bars_and_repeat_exactly(self):
+        with tempfile.TemporaryDirectory() as out:
+            for scenario in ["calibrate", "scrub-vs-randread", "writeback-vs-randread"]:
+                result = run(WEIR, "bench", scenario, "--sim", "--out", out, check=False, timeout=120)
+                self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+                self.assertNotIn("| NO |", result.stdout)
+                self.assertIn("log2 histogram", result.stdout)
+                with open(os.path.join(out, f"{scenario}-sim.json")) as f:
+                    report = json.load(f)
+                self.assertEqual(report["mode"], "sim")
+                for r in report["runs"]:
+                    for s in r["streams"]:
+                        self.assertEqual(set(s["latency_us"]), {"mean", "p50", "p90", "p99", "p99_9", "max"})
+                        self.assertEqual(sum(s["histogram_log2_us"]), s["ops"])
+            first = run(WEIR, "bench", "scrub-vs-randread", "--seed", "5").stdout
+            again = run(WEIR, "bench", "scrub-vs-randread", "--seed", "5").stdout
+            self.assertEqual(first, again)
+
+    def test_bench_run_drives_a_served_model_through_nbd(self):
+        with Weir("--export", "disk=model:nvme,size=1G") as w, tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "run.json")
+            run(WEIR, "bench", "run", "--uri", w.uri("disk"), "--job", "name=r,rw=randread,bs=4k,qd=4",
+                "--job", "name=w,rw=write,bs=64k,qd=2", "--seconds", "1", "--json", path, timeout=60)
+            with open(path) as f:
+                report = json.load(f)
+            self.assertEqual(report["mode"], "real")
+            streams = {s["name"]: s for s in report["runs"][0]["streams"]}
+            self.assertGreater(streams["r"]["ops"], 100)
+            self.assertGreater(streams["w"]["ops"], 10)
+            self.assertEqual(streams["r"]["errors"], 0)
+
+    def test_bad_jobs_are_refused(self):
+        result = run(WEIR, "bench", "run", "--sim", "--device", "model:hdd,size=1G", "--job", "rw=sideways",
+                     check=False)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("rw=sideways", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
