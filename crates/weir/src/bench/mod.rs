@@ -12,6 +12,8 @@
 pub mod cli;
 pub mod job;
 pub mod nbd_client;
+pub mod plot;
+pub mod png;
 pub mod real;
 pub mod report;
 pub mod scenarios;
@@ -101,7 +103,8 @@ pub fn parse_jobs(texts: &[String]) -> anyhow::Result<Vec<JobSpec>> {
     Ok(jobs)
 }
 
-/// Print the report and write its JSON (to `json`, or into `out_dir`).
+/// Print the report and write its JSON (to `json`, or into `out_dir`) and,
+/// beside the JSON, a PNG of the latency histograms.
 pub fn emit(report: &Report, json: Option<&Path>, out_dir: Option<&Path>) -> anyhow::Result<()> {
     print!("{}", report::render(report));
     let path: Option<PathBuf> = match (json, out_dir) {
@@ -117,7 +120,9 @@ pub fn emit(report: &Report, json: Option<&Path>, out_dir: Option<&Path>) -> any
         let text = serde_json::to_string_pretty(report)?;
         std::fs::write(&path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
-        println!("wrote {}", path.display());
+        let png = path.with_extension("png");
+        plot::write(report, &png).with_context(|| format!("cannot write {}", png.display()))?;
+        println!("wrote {} and {}", path.display(), png.display());
     }
     Ok(())
 }

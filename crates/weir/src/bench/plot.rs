@@ -1,0 +1,124 @@
+//! A PNG of a report's latency histograms: one panel per run, one bar per
+//! stream and log2 bucket, counts on a log scale so that a handful of
+//! multi-second stalls stays visible beside thousands of fast requests.
+
+use std::path::Path;
+
+use super::png::Canvas;
+use super::report::Report;
+
+const WIDTH: usize = 1200;
+const PANEL_HEIGHT: i64 = 260;
+const MARGIN_LEFT: i64 = 70;
+const MARGIN_RIGHT: i64 = 20;
+const TOP: i64 = 50;
+const BLACK: [u8; 3] = [20, 20, 20];
+const GREY: [u8; 3] = [200, 200, 200];
+const COLOURS: [[u8; 3]; 6] = [
+    [31, 119, 180],
+    [214, 39, 40],
+    [44, 160, 44],
+    [255, 127, 14],
+    [148, 103, 189],
+    [140, 86, 75],
+];
+
+/// Bucket i's lower bound, 2^i us, as people write it.
+fn bucket_label(i: usize) -> String {
+    let us = 1u64 << i;
+    if us >= 1_000_000 {
+        format!("{}s", us / 1_000_000)
+    } else if us >= 1000 {
+        format!("{}ms", us / 1000)
+    } else {
+        format!("{us}us")
+    }
+}
+
+pub fn render(report: &Report) -> Canvas {
+    let buckets: Vec<&Vec<u64>> = report
+        .runs
+        .iter()
+        .flat_map(|r| r.streams.iter().map(|s| &s.histogram_log2_us))
+        .collect();
+    let first = buckets
+        .iter()
+        .filter_map(|b| b.iter().position(|c| *c > 0))
+        .min()
+        .unwrap_or(0);
+    let last = buckets
+        .iter()
+        .filter_map(|b| b.iter().rposition(|c| *c > 0))
+        .max()
+        .unwrap_or(0)
+        .max(first);
+    let max_count = buckets
+        .iter()
+        .flat_map(|b| b.iter())
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let decades = (max_count as f64).log10().ceil().max(1.0);
+    let height = TOP as usize + report.runs.len() * PANEL_HEIGHT as usize + 20;
+    let mut canvas = Canvas::new(WIDTH, height, [255, 255, 255]);
+    let title = format!(
+        "{} ({}, {} s, seed {}): latency, log2 buckets, count on a log scale",
+        report.scenario, report.mode, report.seconds, report.seed
+    );
+    canvas.text(MARGIN_LEFT, 15, &title, 2, BLACK);
+    let plot_width = WIDTH as i64 - MARGIN_LEFT - MARGIN_RIGHT;
+    let slot = plot_width / (last - first + 1) as i64;
+    for (index, run) in report.runs.iter().enumerate() {
+        let top = TOP + index as i64 * PANEL_HEIGHT;
+        let bottom = top + PANEL_HEIGHT - 60;
+        let plot_height = bottom - (top + 30);
+        canvas.text(
+            MARGIN_LEFT,
+            top + 5,
+            &format!("{}: {}", run.label, run.config.target),
+            2,
+            BLACK,
+        );
+        for decade in 0..=decades as i64 {
+            let y = bottom - (decade as f64 / decades * plot_height as f64) as i64;
+            canvas.fill(MARGIN_LEFT, y, plot_width, 1, GREY);
+            canvas.text(8, y - 3, &format!("1e{decade}"), 1, BLACK);
+        }
+        let streams = run.streams.len().max(1) as i64;
+        let bar = ((slot - 4) / streams).max(1);
+        for (s, stream) in run.streams.iter().enumerate() {
+            let colour = COLOURS[s % COLOURS.len()];
+            for (i, count) in stream.histogram_log2_us.iter().enumerate() {
+                if *count == 0 || i < first || i > last {
+                    continue;
+                }
+                let h =
+                    ((*count as f64 + 1.0).log10() / decades * plot_height as f64).max(1.0) as i64;
+                let x = MARGIN_LEFT + (i - first) as i64 * slot + 2 + s as i64 * bar;
+                canvas.fill(x, bottom - h, bar, h, colour);
+            }
+            let legend = format!(
+                "{} (p99 {:.1} ms)",
+                stream.name,
+                stream.latency_us.p99 / 1000.0
+            );
+            let lx = WIDTH as i64 - MARGIN_RIGHT - 260;
+            canvas.fill(lx, top + 30 + s as i64 * 14, 10, 10, colour);
+            canvas.text(lx + 14, top + 31 + s as i64 * 14, &legend, 1, BLACK);
+        }
+        canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
+        for i in first..=last {
+            let label = bucket_label(i);
+            let x = MARGIN_LEFT
+                + (i - first) as i64 * slot
+                + (slot - Canvas::text_width(&label, 1)) / 2;
+            canvas.text(x, bottom + 6, &label, 1, BLACK);
+        }
+    }
+    canvas
+}
+
+pub fn write(report: &Report, path: &Path) -> std::io::Result<()> {
+    std::fs::write(path, render(report).encode())
+}
