@@ -216,7 +216,8 @@ impl Targets for ServedTargets {
         let uri = format!("nbd+unix:///bench?socket={}", socket.display());
         self.servers.push((device.into(), child, uri.clone()));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        // A full handshake, so the server sees a client, not a probe.
+        while super::nbd_client::connect(&uri).is_err() {
             if Instant::now() > deadline {
                 bail!("weir serve did not come up on {}", socket.display());
             }
