@@ -106,7 +106,7 @@ impl Pages {
             let mut page = page.write();
             let bytes =
                 page.get_or_insert_with(|| vec![0u8; PAGE_BYTES as usize].into_boxed_slice());
-            bytes[in_page..in_page + range.len()].copy_from_slice(&data[range]);
+            copy_streaming(&mut bytes[in_page..in_page + range.len()], &data[range]);
         });
     }
 
@@ -178,6 +178,38 @@ impl Device for MemDevice {
     }
 }
 
+/// Copy `src` into `dst` (equal lengths). Where both are 16-byte aligned
+/// this uses non-temporal stores: the destination is cold memory nobody
+/// reads soon, and ordinary stores would first fetch every cache line they
+/// overwrite. Measured on this VM: 4 KiB random writes to a 2 GiB memory
+/// device spent a fifth of the reader thread in this copy.
+fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        const LANE: usize = 16;
+        let aligned =
+            (dst.as_ptr() as usize).is_multiple_of(LANE) && dst.len().is_multiple_of(LANE);
+        if dst.len() >= 1024 && aligned {
+            let lanes = dst.len() / LANE;
+            let d = dst.as_mut_ptr().cast::<__m128i>();
+            let s = src.as_ptr().cast::<__m128i>();
+            // SAFETY: SSE2 is part of x86_64. `d` is 16-byte aligned and both
+            // slices hold `lanes * 16` bytes; loads are unaligned-safe. The
+            // fence orders the streaming stores before any later access.
+            unsafe {
+                for lane in 0..lanes {
+                    _mm_stream_si128(d.add(lane), _mm_loadu_si128(s.add(lane)));
+                }
+                _mm_sfence();
+            }
+            return;
+        }
+    }
+    dst.copy_from_slice(src);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +219,16 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         device.submit(op, Box::new(move |outcome| tx.send(outcome).unwrap()));
         rx.recv().unwrap()
+    }
+
+    #[test]
+    fn streaming_copies_match_plain_ones_aligned_or_not() {
+        let src: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut page = vec![0u8; PAGE_BYTES as usize].into_boxed_slice();
+        for (at, len) in [(0, 4096), (4096, 1024), (17, 4000), (64, 100), (32, 8192)] {
+            copy_streaming(&mut page[at..at + len], &src[..len]);
+            assert_eq!(&page[at..at + len], &src[..len], "at {at}, len {len}");
+        }
     }
 
     #[test]

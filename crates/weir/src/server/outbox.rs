@@ -32,8 +32,11 @@ use crate::volume::ReadData;
 const BATCH_REPLIES_MAX: usize = 64;
 
 /// Replies (and their bytes) the reader leaves queued for itself before
-/// waking the writer: past these, sending would hold up reading.
-const READER_KEEPS_REPLIES_MAX: usize = 4;
+/// waking the writer: past these, sending would hold up reading. Small
+/// replies are cheap to send in one batch and waking the writer costs a
+/// context switch: at 4 replies, 4 KiB memory writes at depth 32 ran at
+/// about 145k IOPS; at 64, about 180k (and reads 180k -> 230k).
+const READER_KEEPS_REPLIES_MAX: usize = BATCH_REPLIES_MAX;
 const READER_KEEPS_BYTES_MAX: usize = 128 * 1024;
 
 thread_local! {
