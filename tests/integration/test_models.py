@@ -69,6 +69,36 @@ class ModelDevices(unittest.TestCase):
                 h.shutdown()
                 self.assertIn("fault command applied", w.logs())
 
+    def test_power_loss_undoes_exactly_the_unflushed_writes(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            control = os.path.join(tmp, "faults")
+            store = os.path.join(tmp, "store.img")
+            spec = f"disk=model:ssd,size=64M,store=file:{store},power_loss=drop,control={control}"
+            with Weir("--export", spec) as w:
+                h = nbd.NBD()
+                h.connect_uri(w.uri("disk"))
+                h.pwrite(b"A" * 4096, 0)
+                h.flush()
+                h.pwrite(b"B" * 4096, 0)  # unflushed: lost
+                h.pwrite(b"C" * 4096, 65536)  # unflushed: lost
+                h.pwrite(b"D" * 4096, 131072, nbd.CMD_FLAG_FUA)  # durable
+                self.assertEqual(h.pread(4096, 0), b"B" * 4096)
+                with open(control, "w") as f:
+                    f.write("powerloss\n")
+                deadline = time.time() + 5
+                while "power loss" not in w.logs() and time.time() < deadline:
+                    time.sleep(0.05)
+                with self.assertRaises(nbd.Error):
+                    h.pread(4096, 0)
+                h.shutdown()
+            with Weir("--export", f"disk=model:ssd,size=64M,store=file:{store}") as w:
+                h = nbd.NBD()
+                h.connect_uri(w.uri("disk"))
+                self.assertEqual(h.pread(4096, 0), b"A" * 4096, "flushed data survives")
+                self.assertEqual(h.pread(4096, 65536), bytes(4096), "the unflushed write is gone")
+                self.assertEqual(h.pread(4096, 131072), b"D" * 4096, "the FUA write survives")
+                h.shutdown()
+
     def test_a_bad_model_spec_is_refused_with_the_reason(self):
         with tempfile.TemporaryDirectory() as tmp:
             result = run(WEIR, "serve", "--listen", "none", "--socket", os.path.join(tmp, "s"), "--export",

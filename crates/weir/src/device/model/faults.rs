@@ -26,6 +26,8 @@ pub struct FaultPlan {
     pub slow: Vec<SlowWindow>,
     /// From then on every I/O fails.
     pub vanish_at: Option<Nanos>,
+    /// Writes starting in `[start, end)` land at `target + (offset - start)`.
+    pub misdirects: Vec<(u64, u64, u64)>,
     /// Picks which bit a flip inverts.
     pub seed: u64,
 }
@@ -38,12 +40,14 @@ impl FaultPlan {
             "flip" => self.flipped_bytes.push(parse_bytes(value)?),
             "slow" => self.slow.push(parse_slow(value)?),
             "vanish_at" => self.vanish_at = Some(parse_seconds(value)?),
+            "misdirect" => self.misdirects.push(parse_misdirect(value)?),
             _ => return Ok(false),
         }
         Ok(true)
     }
 
     /// A run-time command: `bad START..END`, `flip OFFSET`,
+    /// `misdirect START..END>TARGET`,
     /// `slow FACTOR@FROM..UNTIL` (seconds since start), `slow FACTOR` (from
     /// now on), `vanish`, `heal` (clear everything).
     pub fn apply_command(&mut self, line: &str, now: Nanos) -> Result<(), String> {
@@ -53,6 +57,7 @@ impl FaultPlan {
         match (verb, arg) {
             ("bad", Some(range)) => self.bad_ranges.push(parse_range(range)?),
             ("flip", Some(offset)) => self.flipped_bytes.push(parse_bytes(offset)?),
+            ("misdirect", Some(text)) => self.misdirects.push(parse_misdirect(text)?),
             ("slow", Some(text)) if text.contains('@') => self.slow.push(parse_slow(text)?),
             ("slow", Some(factor)) => self.slow.push(SlowWindow {
                 factor: parse_factor(factor)?,
@@ -88,6 +93,21 @@ impl FaultPlan {
         self.bad_ranges.iter().any(|&(s, e)| s < end && e > offset)
     }
 
+    /// Where a write of `length` bytes aimed at `offset` really lands on a
+    /// device of `size_bytes` (itself, unless misdirected).
+    pub fn write_target(&self, offset: u64, length: u64, size_bytes: u64) -> u64 {
+        self.misdirects
+            .iter()
+            .find(|&&(start, end, _)| offset >= start && offset < end)
+            .map(|&(start, _, target)| target + (offset - start))
+            .filter(|landed| {
+                landed
+                    .checked_add(length)
+                    .is_some_and(|end| end <= size_bytes)
+            })
+            .unwrap_or(offset)
+    }
+
     /// Apply the plan's bit flips to data read from `offset`.
     pub fn corrupt(&self, offset: u64, data: &mut [u8]) {
         for &at in &self.flipped_bytes {
@@ -112,6 +132,15 @@ fn parse_range(text: &str) -> Result<(u64, u64), String> {
         return Err(format!("empty range {text:?}"));
     }
     Ok((start, end))
+}
+
+/// `START..END>TARGET`
+fn parse_misdirect(text: &str) -> Result<(u64, u64, u64), String> {
+    let (range, target) = text
+        .split_once('>')
+        .ok_or_else(|| format!("want START..END>TARGET, got {text:?}"))?;
+    let (start, end) = parse_range(range)?;
+    Ok((start, end, parse_bytes(target)?))
 }
 
 fn parse_seconds(text: &str) -> Result<Nanos, String> {
@@ -177,6 +206,24 @@ mod tests {
         assert_eq!(plan.latency_factor(3 * NANOS_PER_SEC), 1.0);
         assert!(!plan.vanished(29 * NANOS_PER_SEC));
         assert!(plan.vanished(30 * NANOS_PER_SEC));
+    }
+
+    #[test]
+    fn misdirected_writes_land_elsewhere_inside_the_device() {
+        let mut plan = FaultPlan::default();
+        assert!(plan.parse_param("misdirect", "0..1M>2M").unwrap());
+        assert_eq!(plan.write_target(4096, 4096, 8 << 20), (2 << 20) + 4096);
+        assert_eq!(
+            plan.write_target(1 << 20, 4096, 8 << 20),
+            1 << 20,
+            "outside the range"
+        );
+        assert_eq!(
+            plan.write_target(4096, 4096, 2 << 20),
+            4096,
+            "would fall off the end"
+        );
+        assert!(plan.parse_param("misdirect", "0..1M").is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod faults;
 pub mod flash;
 pub mod hdd;
+pub mod power_loss;
 pub mod realtime;
 pub mod spec;
 

@@ -22,12 +22,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::faults::FaultPlan;
+use super::power_loss::UnflushedLog;
 use super::spec::{ModelSpec, ModelStore};
 use super::{IoKind, ModelIo, Nanos, TimingModel};
 use crate::bench::stats::LatencyStats;
 use crate::device::file::FileDevice;
 use crate::device::mem::MemDevice;
-use crate::device::{Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome};
+use crate::device::{
+    AlignedBuf, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome,
+};
 
 const LATENESS_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the control file is read for fault commands.
@@ -68,6 +71,10 @@ impl ModelDevice {
             next_id: 1,
             lateness: LatencyStats::default(),
             name: spec.text.clone(),
+            size_bytes: spec.size_bytes,
+            unflushed: spec
+                .power_loss
+                .map(|mode| UnflushedLog::new(mode, spec.volatile_bytes())),
         };
         let thread = std::thread::Builder::new()
             .name("weir-model".into())
@@ -139,6 +146,9 @@ struct Worker {
     /// How late completions ran against their deadlines.
     lateness: LatencyStats,
     name: String,
+    size_bytes: u64,
+    /// With `power_loss=`: what unflushed writes overwrote.
+    unflushed: Option<UnflushedLog>,
 }
 
 impl Worker {
@@ -233,29 +243,119 @@ impl Worker {
     }
 
     /// The model says the op is done: do it to the store, with faults.
-    fn execute(&self, op: DeviceOp, completion: Completion, now: Nanos) {
+    fn execute(&mut self, op: DeviceOp, completion: Completion, now: Nanos) {
         if self.faults.vanished(now) {
             return completion(Outcome::done(Err(io::Error::from_raw_os_error(
                 libc::ENXIO,
             ))));
         }
-        if let DeviceOp::Read { offset, buf } = &op {
-            if self.faults.read_fails(*offset, buf.len() as u64) {
-                return completion(Outcome::done(Err(io::Error::from_raw_os_error(libc::EIO))));
+        match op {
+            DeviceOp::Read { offset, buf } => self.read(offset, buf, completion),
+            DeviceOp::Write {
+                offset,
+                buf,
+                durable,
+            } => self.write(offset, buf, durable, completion),
+            DeviceOp::Flush => {
+                if let Some(log) = &mut self.unflushed {
+                    log.flushed();
+                }
+                self.store.submit(DeviceOp::Flush, completion)
             }
-            let faults = self.faults.clone();
-            let offset = *offset;
-            return self.store.submit(
-                op,
-                Box::new(move |mut outcome: Outcome| {
-                    if let Some(buf) = outcome.buf.as_mut() {
-                        faults.corrupt(offset, buf.as_mut_slice());
-                    }
-                    completion(outcome)
-                }),
-            );
+            other => self.store.submit(other, completion),
         }
+    }
+
+    fn read(&self, offset: u64, buf: AlignedBuf, completion: Completion) {
+        if self.faults.read_fails(offset, buf.len() as u64) {
+            return completion(Outcome::done(Err(io::Error::from_raw_os_error(libc::EIO))));
+        }
+        let op = DeviceOp::Read { offset, buf };
+        if self.faults.flipped_bytes.is_empty() {
+            return self.store.submit(op, completion);
+        }
+        let faults = self.faults.clone();
+        self.store.submit(
+            op,
+            Box::new(move |mut outcome: Outcome| {
+                if let Some(buf) = outcome.buf.as_mut() {
+                    faults.corrupt(offset, buf.as_mut_slice());
+                }
+                completion(outcome)
+            }),
+        );
+    }
+
+    fn write(&mut self, offset: u64, buf: AlignedBuf, durable: bool, completion: Completion) {
+        let length = buf.len() as u64;
+        let target = self.faults.write_target(offset, length, self.size_bytes);
+        if target != offset {
+            tracing::debug!(device = self.name, offset, target, "misdirecting a write");
+        }
+        let track = !durable
+            && self
+                .unflushed
+                .as_ref()
+                .is_some_and(|log| log.tracks(length));
+        if track {
+            let old = self.store_sync(DeviceOp::Read {
+                offset: target,
+                buf: AlignedBuf::new(length as usize),
+            });
+            match (old.result, old.buf) {
+                (Ok(()), Some(old)) => {
+                    if let Some(log) = &mut self.unflushed {
+                        log.record(target, old);
+                    }
+                }
+                (Err(err), _) => return completion(Outcome::done(Err(err))),
+                (Ok(()), None) => unreachable!("reads return their buffer"),
+            }
+        }
+        let op = DeviceOp::Write {
+            offset: target,
+            buf,
+            durable,
+        };
         self.store.submit(op, completion);
+    }
+
+    /// One store op, waited for (the power-loss bookkeeping only).
+    fn store_sync(&self, op: DeviceOp) -> Outcome {
+        let (sender, receiver) = mpsc::sync_channel(1);
+        self.store
+            .submit(op, Box::new(move |outcome| drop(sender.send(outcome))));
+        receiver.recv().expect("stores complete every op")
+    }
+
+    /// Undo what the drive held unflushed, then stop answering, as a drive
+    /// that lost power would.
+    fn lose_power(&mut self, now: Nanos) {
+        let mut restored = 0u64;
+        if let Some(log) = &self.unflushed {
+            for (offset, old) in log.restores() {
+                let mut buf = AlignedBuf::new(old.len());
+                buf.as_mut_slice().copy_from_slice(old);
+                let outcome = self.store_sync(DeviceOp::Write {
+                    offset,
+                    buf,
+                    durable: true,
+                });
+                if let Err(err) = outcome.result {
+                    tracing::warn!(device = self.name, offset, error = %err, "power loss: cannot undo a write");
+                }
+                restored += old.len() as u64;
+            }
+        }
+        if let Some(log) = &mut self.unflushed {
+            log.flushed();
+        }
+        self.faults.vanish_at = Some(now);
+        tracing::warn!(
+            device = self.name,
+            undone_bytes = restored,
+            "power loss: unflushed writes undone, device gone until `heal`"
+        );
     }
 
     fn read_control(&mut self) {
@@ -270,6 +370,17 @@ impl Worker {
         let _ = std::fs::write(path, "");
         let now = self.now();
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if line == "powerloss" {
+                if self.unflushed.is_none() {
+                    tracing::warn!(
+                        device = self.name,
+                        "powerloss needs power_loss=drop|tear in the spec"
+                    );
+                    continue;
+                }
+                self.lose_power(now);
+                continue;
+            }
             match self.faults.apply_command(line, now) {
                 Ok(()) => {
                     tracing::info!(device = self.name, command = line, "fault command applied")

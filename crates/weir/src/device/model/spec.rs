@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::faults::FaultPlan;
 use super::flash::{Flash, FlashParams};
 use super::hdd::{Hdd, HddParams};
+use super::power_loss::PowerLoss;
 use super::{Nanos, TimingModel, NANOS_PER_MS, NANOS_PER_US};
 use crate::units::parse_bytes;
 
@@ -52,6 +53,8 @@ pub struct ModelSpec {
     pub faults: FaultPlan,
     /// A file the real-time engine polls for fault commands.
     pub control: Option<PathBuf>,
+    /// Track unflushed writes so that a `powerloss` command can undo them.
+    pub power_loss: Option<PowerLoss>,
     /// The spec as written, for logs.
     pub text: String,
 }
@@ -96,6 +99,7 @@ impl ModelSpec {
             },
             faults: FaultPlan::default(),
             control: None,
+            power_loss: None,
             text: format!("model:{text}"),
         };
         for (key, value) in pairs {
@@ -127,6 +131,10 @@ impl ModelSpec {
                 self.control = Some(value.into());
                 return Ok(());
             }
+            "power_loss" => {
+                self.power_loss = Some(PowerLoss::parse(value)?);
+                return Ok(());
+            }
             _ => {}
         }
         if self.faults.parse_param(key, value)? {
@@ -146,6 +154,17 @@ impl ModelSpec {
         match &self.timing {
             Timing::Hdd(p) => Box::new(Hdd::new(p.clone())),
             Timing::Flash(p) => Box::new(Flash::new(p.clone())),
+        }
+    }
+
+    /// Bytes the drive can hold acknowledged but not durable: what a
+    /// power loss can take.
+    pub fn volatile_bytes(&self) -> u64 {
+        match &self.timing {
+            Timing::Hdd(p) if p.write_cache => p.write_cache_bytes,
+            Timing::Hdd(_) => 0,
+            Timing::Flash(p) if p.plp => 0,
+            Timing::Flash(p) => p.write_buffer_bytes,
         }
     }
 
