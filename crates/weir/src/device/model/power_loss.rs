@@ -7,7 +7,8 @@
 //!  flush           ──> flushed(): all durable        (older entries fall out: destaged)
 //!  power loss      ──> restores(): newest first, the old bytes to put back
 //!                        drop: whole writes vanish; tear: each write keeps
-//!                        only its first half (in 512-byte sectors)
+//!                        only its first half (in 512-byte sectors; a
+//!                        one-sector write lands whole)
 //! ```
 //!
 //! Sans-IO: the real-time engine reads the old bytes and writes them back.
