@@ -96,6 +96,8 @@ impl UnflushedLog {
                 let bytes = old.as_slice();
                 let keep = match self.mode {
                     PowerLoss::Drop => 0,
+                    // A single sector is atomic: it lands whole.
+                    PowerLoss::Tear if bytes.len() as u64 <= SECTOR_BYTES => bytes.len(),
                     PowerLoss::Tear => {
                         (bytes.len() as u64 / 2 / SECTOR_BYTES * SECTOR_BYTES) as usize
                     }
