@@ -35,7 +35,7 @@ pub struct RunArgs {
     /// Real time through NBD: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
     #[arg(long)]
     uri: Option<String>,
-    /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,mix=F,offset=B,size=B,start=S,stop=S,class=C].
+    /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,think=T,mix=F,offset=B,size=B,start=S,stop=S,class=C].
     #[arg(long = "job", required = true)]
     jobs: Vec<String>,
     #[arg(long, default_value_t = 10.0)]

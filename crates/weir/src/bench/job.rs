@@ -34,6 +34,8 @@ pub struct JobSpec {
     pub size: Option<u64>,
     pub start_s: f64,
     pub stop_s: Option<f64>,
+    /// Closed loop: pause after each completion before the next request.
+    pub think_s: f64,
     #[serde(skip)]
     pub class: Option<IoClass>,
     /// The job as written.
@@ -53,6 +55,7 @@ impl JobSpec {
             size: None,
             start_s: 0.0,
             stop_s: None,
+            think_s: 0.0,
             class: None,
             text: text.into(),
         };
@@ -97,6 +100,9 @@ impl JobSpec {
                 "size" => job.size = Some(parse_bytes(value).map_err(|e| bad(&e))?),
                 "start" => job.start_s = seconds(value).ok_or_else(|| bad("want seconds"))?,
                 "stop" => job.stop_s = Some(seconds(value).ok_or_else(|| bad("want seconds"))?),
+                "think" => {
+                    job.think_s = duration(value).ok_or_else(|| bad("want a duration like 5ms"))?
+                }
                 "class" => {
                     job.class = Some(IoClass::parse(value).ok_or_else(|| bad("unknown class"))?)
                 }
@@ -114,6 +120,11 @@ impl JobSpec {
         if job.qd == 0 || job.qd > 1024 {
             return Err(format!("job {text:?}: qd must be 1-1024"));
         }
+        if job.think_s > 0.0 && job.rate_per_sec.is_some() {
+            return Err(format!(
+                "job {text:?}: think= is for closed loops, rate= for open ones"
+            ));
+        }
         if job.stop_s.is_some_and(|stop| stop <= job.start_s) {
             return Err(format!("job {text:?}: stop must come after start"));
         }
@@ -125,6 +136,10 @@ impl JobSpec {
 
     pub fn start_ns(&self) -> Nanos {
         (self.start_s * NANOS_PER_SEC as f64) as Nanos
+    }
+
+    pub fn think_ns(&self) -> Nanos {
+        (self.think_s * NANOS_PER_SEC as f64) as Nanos
     }
 
     pub fn stop_ns(&self) -> Option<Nanos> {
@@ -211,6 +226,19 @@ impl Generator {
     }
 }
 
+/// `250us`, `5ms`, `0.1s` or plain seconds.
+fn duration(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else {
+        (text.strip_suffix('s').unwrap_or(text), 1.0)
+    };
+    let value: f64 = number.parse().ok()?;
+    (value >= 0.0 && value.is_finite()).then_some(value * scale)
+}
+
 fn hash(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
@@ -242,6 +270,8 @@ mod tests {
             "rw=read,start=5,stop=1",
             "rw=read,colour=blue",
             "rw=randrw,mix=2",
+            "rw=read,think=soon",
+            "rw=read,think=1ms,rate=10/s",
         ] {
             assert!(JobSpec::parse(bad).is_err(), "{bad} should be rejected");
         }

@@ -23,6 +23,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 struct Flight {
     /// handle -> (arrived, bytes, read)
     pending: HashMap<u64, (Nanos, u64, bool)>,
+    /// With think time: when each freed slot may be used again.
+    slot_ready_at: std::collections::VecDeque<Nanos>,
     result: StreamResult,
     receiver_failed: Option<String>,
 }
@@ -62,6 +64,7 @@ pub fn run(
         let shared = Arc::new(Shared {
             flight: Mutex::new(Flight {
                 pending: HashMap::new(),
+                slot_ready_at: Default::default(),
                 result: StreamResult {
                     active_ns: stop.saturating_sub(job.start_ns()),
                     job,
@@ -136,6 +139,15 @@ fn send(mut socket: Socket, mut generator: Generator, shared: &Shared) {
             }
             if flight.receiver_failed.is_some() {
                 return;
+            }
+            // Think time: the freed slot waits; only this thread fills slots.
+            if let Some(ready_at) = flight.slot_ready_at.pop_front() {
+                drop(flight);
+                sleep_until(shared, ready_at);
+                if shared.now() >= shared.stop {
+                    break;
+                }
+                flight = shared.flight.lock();
             }
             let arrived = if job.rate_per_sec.is_some() {
                 arrived
@@ -220,6 +232,10 @@ fn receive(mut socket: Socket, shared: &Shared) {
         let now = shared.now();
         let mut flight = shared.flight.lock();
         flight.pending.remove(&handle);
+        let think = flight.result.job.think_ns();
+        if think > 0 {
+            flight.slot_ready_at.push_back(now + think);
+        }
         if now <= shared.stop {
             if error == 0 {
                 flight.result.ops += 1;

@@ -58,6 +58,8 @@ pub struct Simulation {
     jobs: Vec<JobState>,
     pending: HashMap<u64, Pending>,
     failing: BinaryHeap<Reverse<(Nanos, u64)>>,
+    /// Closed-loop jobs thinking: (when, job index).
+    thinking: BinaryHeap<Reverse<(Nanos, usize)>>,
     next_id: u64,
     duration: Nanos,
 }
@@ -98,6 +100,7 @@ impl Simulation {
             jobs,
             pending: HashMap::new(),
             failing: BinaryHeap::new(),
+            thinking: BinaryHeap::new(),
             next_id: 1,
             duration,
         })
@@ -121,6 +124,13 @@ impl Simulation {
                 self.failing.pop();
                 self.complete(id, at);
             }
+            while let Some(Reverse((at, index))) = self.thinking.peek().copied() {
+                if at > now {
+                    break;
+                }
+                self.thinking.pop();
+                self.issue(index, at, at);
+            }
             for index in 0..self.jobs.len() {
                 self.start_or_arrive(index, now);
             }
@@ -137,7 +147,11 @@ impl Simulation {
             }
         });
         let failing = self.failing.peek().map(|Reverse((at, _))| *at);
-        jobs.chain(self.model.next_event()).chain(failing).min()
+        let thinking = self.thinking.peek().map(|Reverse((at, _))| *at);
+        jobs.chain(self.model.next_event())
+            .chain(failing)
+            .chain(thinking)
+            .min()
     }
 
     fn start_or_arrive(&mut self, index: usize, now: Nanos) {
@@ -229,7 +243,10 @@ impl Simulation {
                 self.issue(pending.job, arrival, at);
             }
         } else {
-            self.issue(pending.job, at, at);
+            match job.result.job.think_ns() {
+                0 => self.issue(pending.job, at, at),
+                think => self.thinking.push(Reverse((at + think, pending.job))),
+            }
         }
     }
 }

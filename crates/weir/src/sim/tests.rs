@@ -84,3 +84,18 @@ fn jobs_start_and_stop_on_time_and_bad_ranges_fail() {
         "writes still work"
     );
 }
+
+#[test]
+fn think_time_spaces_a_closed_loop() {
+    let results = Simulation::new(
+        &spec("nvme,size=64G"),
+        &jobs(&["name=r,rw=randread,bs=4k,qd=1,think=1ms"]),
+        NANOS_PER_SEC,
+        1,
+    )
+    .unwrap()
+    .run();
+    // Each cycle is one ~73 us read plus 1 ms of thinking.
+    let ops = results[0].ops;
+    assert!((900..=940).contains(&ops), "{ops} ops");
+}
