@@ -19,6 +19,10 @@ use crate::bench::job::{Generator, JobSpec};
 use crate::bench::stats::LatencyStats;
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
 
+/// Open-loop arrivals waiting for a slot, per job. Past this the device is
+/// hopelessly behind the rate, and further arrivals count as errors.
+const BACKLOG_MAX: usize = 1 << 20;
+
 /// How long an I/O to a vanished device takes to fail.
 const VANISHED_FAILURE_NS: Nanos = NANOS_PER_MS;
 
@@ -180,8 +184,10 @@ impl Simulation {
             }
             if job.in_flight < job.result.job.qd {
                 self.issue(index, arrival, now);
-            } else {
+            } else if job.backlog.len() < BACKLOG_MAX {
                 job.backlog.push_back(arrival);
+            } else {
+                job.result.errors += 1;
             }
         }
     }
