@@ -2,6 +2,8 @@
 //! (`SingleDevice`, a raw export); mirrored, checksummed pools implement
 //! the same `Store` trait later, so the volume and server do not change.
 
+pub mod label;
+
 use std::io;
 
 use crate::device::{Completion, DeviceOp, Extent};
