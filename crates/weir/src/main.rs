@@ -29,6 +29,9 @@ struct Cli {
 enum Command {
     /// Serve exports over NBD (with no exports configured: a 1 GiB demo volume).
     Serve(ServeArgs),
+    /// Pools of mirrored devices (so far: create and status; serving them comes next).
+    #[command(subcommand)]
+    Pool(weir::pool::cli::PoolCommand),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
     #[command(subcommand)]
     Bench(weir::bench::cli::BenchCommand),
@@ -39,6 +42,10 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Bench(command) => weir::bench::cli::main(command),
+        Command::Pool(command) => {
+            init_logging("warn");
+            weir::pool::cli::main(command)
+        }
     };
     if let Err(err) = result {
         eprintln!("weir: error: {err:#}");

@@ -134,6 +134,16 @@ pub trait Device: Send + Sync {
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>>;
 }
 
+/// Run one op and wait for it, from a thread that owns no ring (the CLI,
+/// pool administration). Not for the data path.
+pub fn run_sync(device: &dyn Device, op: DeviceOp) -> Outcome {
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    without_thread_ring(|| {
+        device.submit(op, Box::new(move |outcome| drop(sender.send(outcome))));
+        receiver.recv().expect("devices complete every op")
+    })
+}
+
 /// Append an extent, merging it with the previous one when alike.
 pub(crate) fn push_extent(extents: &mut Vec<Extent>, length: u64, hole: bool) {
     if length == 0 {

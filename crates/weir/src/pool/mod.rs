@@ -2,7 +2,10 @@
 //! (`SingleDevice`, a raw export); mirrored, checksummed pools implement
 //! the same `Store` trait later, so the volume and server do not change.
 
+pub mod admin;
+pub mod cli;
 pub mod label;
+mod members;
 
 use std::io;
 

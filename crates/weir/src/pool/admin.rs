@@ -1,0 +1,439 @@
+//! Pool administration without a running server: create a pool on
+//! devices (labels), import it back from its devices, and report its state.
+//!
+//! ```text
+//!  weir pool create tank mirror A B  ──> check A, B (size, not another pool's, distinct)
+//!                                        ──> label both (generation 1) ──> registry
+//!  weir pool status tank            ──> registry ──> import: read labels, pick the
+//!                                        newest valid copy, rewrite stale copies,
+//!                                        match members to the layout
+//! ```
+//!
+//! The registry (`DATA_DIR/pools.toml`) remembers which device specs make up
+//! each pool, as ZFS's cache file does; the labels are the truth.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use super::label::{choose, Label, LabelError, Layout};
+use super::members::{read_labels, write_labels};
+use crate::device::{self, Device, DeviceSpec, IoEngine};
+
+/// Smaller devices cannot hold labels, metadata and useful data.
+pub const DEVICE_BYTES_MIN: u64 = 64 << 20;
+const REGISTRY_FILE: &str = "pools.toml";
+const METADATA_BLOCK_BYTES: u32 = 4096;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Registry {
+    #[serde(default)]
+    pool: Vec<RegisteredPool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisteredPool {
+    name: String,
+    id: String,
+    devices: Vec<String>,
+}
+
+impl Registry {
+    fn path(data_dir: &Path) -> PathBuf {
+        data_dir.join(REGISTRY_FILE)
+    }
+
+    fn load(data_dir: &Path) -> anyhow::Result<Registry> {
+        let path = Self::path(data_dir);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                toml::from_str(&text).with_context(|| format!("{} is damaged", path.display()))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Registry::default()),
+            Err(err) => Err(err).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    fn save(&self, data_dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let path = Self::path(data_dir);
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, toml::to_string(self)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot replace {}", path.display()))
+    }
+}
+
+/// `[mirror] A B [mirror C D ...]`: mirror groups, or single devices striped.
+pub fn parse_layout(words: &[String]) -> anyhow::Result<Vec<Vec<String>>> {
+    if words.is_empty() {
+        bail!("name at least one device");
+    }
+    if words[0] != "mirror" {
+        if let Some(word) = words.iter().find(|w| *w == "mirror") {
+            bail!("{word:?} after plain devices: give every group as `mirror DEV DEV...`");
+        }
+        return Ok(words.iter().map(|w| vec![w.clone()]).collect());
+    }
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for word in words {
+        if word == "mirror" {
+            groups.push(Vec::new());
+        } else {
+            groups
+                .last_mut()
+                .expect("starts with mirror")
+                .push(word.clone());
+        }
+    }
+    if let Some(small) = groups.iter().find(|g| g.len() < 2) {
+        bail!("a mirror needs at least two devices, got {small:?}");
+    }
+    if groups.iter().any(|g| g.len() != groups[0].len()) {
+        bail!("every mirror needs the same number of devices");
+    }
+    Ok(groups)
+}
+
+fn check_pool_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !ok {
+        bail!("invalid pool name {name:?}: 1-64 letters, digits, '-', '_' or '.'");
+    }
+    Ok(())
+}
+
+fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
+    let spec = DeviceSpec::parse(text).map_err(anyhow::Error::msg)?;
+    if matches!(spec, DeviceSpec::Mem { .. } | DeviceSpec::Model(_)) {
+        bail!("{text}: pools need devices that keep their data (a file or block device)");
+    }
+    device::open(&spec, false, IoEngine::Auto).with_context(|| format!("cannot open {text}"))
+}
+
+/// The same device named twice, perhaps by different paths.
+fn identity(text: &str) -> String {
+    let path = text.strip_prefix("file:").unwrap_or(text);
+    std::fs::canonicalize(path).map_or_else(|_| text.to_string(), |p| p.display().to_string())
+}
+
+fn random_id() -> anyhow::Result<u128> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot read /dev/urandom")?;
+    Ok(u128::from_be_bytes(bytes))
+}
+
+pub fn create(
+    name: &str,
+    layout_words: &[String],
+    force: bool,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    check_pool_name(name)?;
+    let groups = parse_layout(layout_words)?;
+    let mut registry = Registry::load(data_dir)?;
+    if registry.pool.iter().any(|p| p.name == name) {
+        bail!(
+            "a pool named {name:?} already exists (see {})",
+            Registry::path(data_dir).display()
+        );
+    }
+    let texts: Vec<&String> = groups.iter().flatten().collect();
+    let mut seen = BTreeMap::new();
+    for text in &texts {
+        if let Some(first) = seen.insert(identity(text), text) {
+            bail!("{text} is listed twice (also as {first})");
+        }
+    }
+    let mut devices = Vec::new();
+    for text in &texts {
+        let device = open_member(text)?;
+        let size = device.info().size_bytes;
+        if size < DEVICE_BYTES_MIN {
+            bail!("{text} is too small: {size} bytes, a pool member needs at least {DEVICE_BYTES_MIN}");
+        }
+        match choose(read_labels(device.as_ref())) {
+            Err(LabelError::NotALabel) => {}
+            _ if force => tracing::warn!(
+                device = text.as_str(),
+                "overwriting an existing label (--force)"
+            ),
+            Ok(found) => bail!(
+                "{text} belongs to pool {:?} (generation {}); use --force to take it",
+                found.label.pool_name,
+                found.label.generation
+            ),
+            Err(err) => bail!("{text} has a damaged weir label ({err}); use --force to take it"),
+        }
+        devices.push(device);
+    }
+    let pool_id = random_id()?;
+    let ids = (0..devices.len())
+        .map(|_| random_id())
+        .collect::<anyhow::Result<Vec<u128>>>()?;
+    let mut next = ids.iter();
+    let layout = Layout {
+        groups: groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|_| *next.next().expect("one id per device"))
+                    .collect()
+            })
+            .collect(),
+    };
+    for ((device, text), id) in devices.iter().zip(&texts).zip(&ids) {
+        let label = Label {
+            pool_id,
+            pool_name: name.into(),
+            device_id: *id,
+            generation: 1,
+            device_bytes: device.info().size_bytes,
+            block_bytes: METADATA_BLOCK_BYTES,
+            layout: layout.clone(),
+        };
+        write_labels(device.as_ref(), &label, &[0, 1])
+            .with_context(|| format!("cannot label {text}"))?;
+    }
+    registry.pool.push(RegisteredPool {
+        name: name.into(),
+        id: format!("{pool_id:032x}"),
+        // Absolute paths, so that status works from any directory.
+        devices: texts.iter().map(|t| identity(t)).collect(),
+    });
+    registry.save(data_dir)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    Online,
+    /// Its label is older than the pool's: it missed changes.
+    Stale,
+    /// Not found among the devices given.
+    Unavail,
+}
+
+impl MemberState {
+    fn name(self) -> &'static str {
+        match self {
+            MemberState::Online => "ONLINE",
+            MemberState::Stale => "STALE",
+            MemberState::Unavail => "UNAVAIL",
+        }
+    }
+}
+
+pub struct Imported {
+    pub label: Label,
+    /// Per group, per member: where it was found and its state.
+    pub members: Vec<Vec<(Option<String>, MemberState)>>,
+    /// Label copies rewritten because they were stale or damaged.
+    pub repaired_labels: Vec<String>,
+}
+
+impl Imported {
+    pub fn state(&self) -> &'static str {
+        let group_ok =
+            |g: &Vec<(Option<String>, MemberState)>| g.iter().any(|m| m.1 == MemberState::Online);
+        if self
+            .members
+            .iter()
+            .flatten()
+            .all(|m| m.1 == MemberState::Online)
+        {
+            "ONLINE"
+        } else if self.members.iter().all(group_ok) {
+            "DEGRADED"
+        } else {
+            "UNAVAIL"
+        }
+    }
+}
+
+/// Find a pool on `texts`: every device must carry a label of one pool.
+pub fn import(texts: &[String]) -> anyhow::Result<Imported> {
+    // (spec, device, chosen label, label copies to rewrite)
+    type Found = (String, Arc<dyn Device>, Label, Vec<usize>);
+    let mut found: Vec<Found> = Vec::new();
+    for text in texts {
+        let device = match open_member(text) {
+            Ok(device) => device,
+            Err(err) => {
+                tracing::warn!(device = text.as_str(), "skipping: {err:#}");
+                continue;
+            }
+        };
+        match choose(read_labels(device.as_ref())) {
+            Ok(chosen) => found.push((text.clone(), device, chosen.label, chosen.stale)),
+            Err(err) => bail!("{text}: {err}"),
+        }
+    }
+    let Some(newest) = found
+        .iter()
+        .max_by_key(|f| f.2.generation)
+        .map(|f| f.2.clone())
+    else {
+        bail!("none of the devices could be opened");
+    };
+    if let Some(other) = found.iter().find(|f| f.2.pool_id != newest.pool_id) {
+        bail!(
+            "{} belongs to pool {:?}, not {:?}",
+            other.0,
+            other.2.pool_name,
+            newest.pool_name
+        );
+    }
+    let mut repaired_labels = Vec::new();
+    let mut members = Vec::new();
+    // Devices are registered in layout order, which names missing members.
+    let flat_len: usize = newest.layout.groups.iter().map(Vec::len).sum();
+    let mut flat_index = 0;
+    for group in &newest.layout.groups {
+        let mut states = Vec::new();
+        for id in group {
+            let registered = (texts.len() == flat_len).then(|| texts[flat_index].clone());
+            flat_index += 1;
+            match found.iter().find(|f| f.2.device_id == *id) {
+                None => states.push((registered, MemberState::Unavail)),
+                Some((text, _, label, _)) if label.generation < newest.generation => {
+                    states.push((Some(text.clone()), MemberState::Stale))
+                }
+                Some((text, device, label, stale)) => {
+                    if !stale.is_empty() {
+                        write_labels(device.as_ref(), label, stale)
+                            .with_context(|| format!("cannot repair the label of {text}"))?;
+                        repaired_labels.push(text.clone());
+                    }
+                    states.push((Some(text.clone()), MemberState::Online));
+                }
+            }
+        }
+        members.push(states);
+    }
+    Ok(Imported {
+        label: newest,
+        members,
+        repaired_labels,
+    })
+}
+
+/// `weir pool status`: every registered pool, or one, imported and shown.
+pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    let registry = Registry::load(data_dir)?;
+    let pools: Vec<&RegisteredPool> = registry
+        .pool
+        .iter()
+        .filter(|p| name.is_none_or(|n| p.name == n))
+        .collect();
+    if pools.is_empty() {
+        match name {
+            Some(name) => bail!(
+                "no pool named {name:?} in {}",
+                Registry::path(data_dir).display()
+            ),
+            None => return Ok("no pools\n".into()),
+        }
+    }
+    let mut out = String::new();
+    for pool in pools {
+        let imported = import(&pool.devices).with_context(|| format!("pool {:?}", pool.name))?;
+        render(&mut out, &imported);
+    }
+    Ok(out)
+}
+
+fn render(out: &mut String, pool: &Imported) {
+    let label = &pool.label;
+    let _ = writeln!(out, "  pool: {}", label.pool_name);
+    let _ = writeln!(out, "    id: {:032x}", label.pool_id);
+    let _ = writeln!(out, " state: {}", pool.state());
+    for text in &pool.repaired_labels {
+        let _ = writeln!(
+            out,
+            "  note: rewrote a stale or damaged label copy on {text}"
+        );
+    }
+    let _ = writeln!(out, "config:\n\n\t{:<40} STATE", "NAME");
+    let _ = writeln!(out, "\t{:<40} {}", label.pool_name, pool.state());
+    let copies = label.layout.groups[0].len();
+    for (index, group) in pool.members.iter().enumerate() {
+        let indent = if copies > 1 {
+            let online = group.iter().any(|m| m.1 == MemberState::Online);
+            let all = group.iter().all(|m| m.1 == MemberState::Online);
+            let state = if all {
+                "ONLINE"
+            } else if online {
+                "DEGRADED"
+            } else {
+                "UNAVAIL"
+            };
+            let _ = writeln!(out, "\t  {:<38} {state}", format!("mirror-{index}"));
+            "    "
+        } else {
+            "  "
+        };
+        for (member, (text, state)) in group.iter().enumerate() {
+            let shown = text.clone().unwrap_or_else(|| {
+                format!("(missing: {:032x})", label.layout.groups[index][member])
+            });
+            let width = 40 - indent.len();
+            let _ = writeln!(out, "\t{indent}{shown:<width$} {}", state.name());
+        }
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn layouts_parse_as_mirrors_or_single_devices() {
+        assert_eq!(
+            parse_layout(&words("a b")).unwrap(),
+            vec![vec!["a"], vec!["b"]]
+        );
+        assert_eq!(
+            parse_layout(&words("mirror a b mirror c d")).unwrap(),
+            vec![vec!["a", "b"], vec!["c", "d"]]
+        );
+        for bad in [
+            "",
+            "mirror a",
+            "a mirror b c",
+            "mirror a b mirror c d e",
+            "mirror",
+        ] {
+            assert!(
+                parse_layout(&words(bad)).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn pool_names_are_checked() {
+        assert!(check_pool_name("tank-1.b_2").is_ok());
+        for bad in ["", "a/b", "a b", &"x".repeat(65)] {
+            assert!(check_pool_name(bad).is_err());
+        }
+    }
+}

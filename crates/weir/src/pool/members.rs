@@ -1,0 +1,44 @@
+//! Reading and writing the labels of a pool's member devices.
+
+use std::io;
+
+use super::label::{label_offsets, Label, LabelError, LABEL_BYTES};
+use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
+
+/// Both label copies of `device`, each decoded or the reason it is not.
+/// An I/O error reading a copy counts as that copy being corrupt.
+pub fn read_labels(device: &dyn Device) -> [Result<Label, LabelError>; 2] {
+    label_offsets(device.info().size_bytes).map(|offset| {
+        let outcome = run_sync(
+            device,
+            DeviceOp::Read {
+                offset,
+                buf: AlignedBuf::new(LABEL_BYTES),
+            },
+        );
+        match (outcome.result, outcome.buf) {
+            (Ok(()), Some(buf)) => Label::decode(buf.as_slice()),
+            _ => Err(LabelError::Corrupt),
+        }
+    })
+}
+
+/// Write the copies listed in `which` (0: start, 1: end), each made
+/// durable before the next, so a crash leaves at least one intact.
+pub fn write_labels(device: &dyn Device, label: &Label, which: &[usize]) -> io::Result<()> {
+    let bytes = label
+        .encode()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let offsets = label_offsets(device.info().size_bytes);
+    for &copy in which {
+        let mut buf = AlignedBuf::new(LABEL_BYTES);
+        buf.as_mut_slice().copy_from_slice(&bytes);
+        let op = DeviceOp::Write {
+            offset: offsets[copy],
+            buf,
+            durable: true,
+        };
+        run_sync(device, op).result?;
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+"""weir pool create / status: labels on real files, and the bad input
+around them (another pool's device, a device listed twice or too small, a
+damaged label copy, a missing member)."""
+
+import os
+import tempfile
+import unittest
+
+from weirtest import WEIR, run
+
+MIB = 1 << 20
+
+
+class Pools(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="weir-pool-")
+        self.dir = self.tmp.name
+        self.data = os.path.join(self.dir, "data")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def file(self, name, size=256 * MIB):
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.truncate(size)
+        return path
+
+    def weir(self, *args, check=True):
+        return run(WEIR, "pool", *args, "--data-dir", self.data, check=check, timeout=60)
+
+    def test_a_mirror_is_created_and_reported_online(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        out = self.weir("create", "tank", "mirror", a, b).stdout
+        self.assertIn("pool: tank", out)
+        self.assertIn("mirror-0", out)
+        self.assertEqual(out.count("ONLINE"), 5, out)  # state, pool, mirror, two devices
+        with open(a, "rb") as f:
+            self.assertEqual(f.read(8), b"WEIRLBL1")
+            f.seek(256 * MIB - 4096)
+            self.assertEqual(f.read(8), b"WEIRLBL1", "the second label copy sits at the end")
+        self.assertIn("state: ONLINE", self.weir("status", "tank").stdout)
+
+    def test_bad_layouts_and_devices_are_refused_with_the_reason(self):
+        a, b, c = self.file("a.img"), self.file("b.img"), self.file("c.img")
+        small = self.file("small.img", size=MIB)
+        self.weir("create", "tank", "mirror", a, b)
+        cases = [
+            (("create", "other", c, a), "belongs to pool \"tank\""),
+            (("create", "other", "mirror", c, c), "listed twice"),
+            (("create", "other", small), "too small"),
+            (("create", "other", "mirror", c), "at least two devices"),
+            (("create", "other", c, "mirror", a, b), "mirror"),
+            (("create", "tank", c), "already exists"),
+            (("create", "bad/name", c), "invalid pool name"),
+            (("create", "other", "mem:1G"), "keep their data"),
+            (("status", "nosuch"), "no pool named"),
+        ]
+        for args, reason in cases:
+            result = self.weir(*args, check=False)
+            self.assertNotEqual(result.returncode, 0, args)
+            self.assertIn(reason, result.stderr, args)
+        # --force takes a device from another pool.
+        out = self.weir("create", "other", c, a, "--force").stdout
+        self.assertIn("pool: other", out)
+
+    def test_a_damaged_label_copy_is_rewritten_from_the_other(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        with open(a, "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff" * 16)  # inside label A: the checksum no longer matches
+        out = self.weir("status", "tank").stdout
+        self.assertIn("state: ONLINE", out)
+        self.assertIn(f"rewrote a stale or damaged label copy on {a}", out)
+        self.assertNotIn("rewrote", self.weir("status", "tank").stdout, "repaired once")
+
+    def test_a_missing_member_leaves_the_mirror_degraded(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        os.rename(b, b + ".gone")
+        out = self.weir("status", "tank").stdout
+        self.assertIn("state: DEGRADED", out)
+        self.assertRegex(out, rf"{b}\s+UNAVAIL")
+        os.rename(a, a + ".gone")
+        result = self.weir("status", "tank", check=False)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("none of the devices could be opened", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
