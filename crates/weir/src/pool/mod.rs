@@ -4,6 +4,8 @@
 
 pub mod admin;
 pub mod cli;
+pub mod geometry;
+pub mod integrity;
 pub mod label;
 mod members;
 

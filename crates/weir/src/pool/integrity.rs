@@ -1,0 +1,331 @@
+//! Block checksums and the dirty-region log: the sans-IO rules that keep a
+//! mirror honest across reads and crashes (see docs/on-disk.md).
+//!
+//! ```text
+//!  checksum entry (8 bytes): crc32c | flags (bit 0: the block holds data)
+//!                            flags 0: the block reads as zeroes, no I/O
+//!
+//!  dirty-region log:  write into clean region r ──> set bit r, persist it, then write
+//!                     flush done ──> regions untouched since the previous flush clear
+//!  recovery, per block of a dirty region: a copy whose data matches its own
+//!  checksum wins (first member first); none does: the first readable copy,
+//!  checksum recomputed. Then every copy gets that block and checksum.
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::geometry::CHECKSUM_ENTRY_BYTES;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockSum {
+    /// Never written, trimmed or zeroed: reads as zeroes without device I/O.
+    Zero,
+    Data(u32),
+}
+
+const FLAG_DATA: u32 = 1;
+
+impl BlockSum {
+    pub fn of(data: &[u8]) -> BlockSum {
+        BlockSum::Data(crc32c::crc32c(data))
+    }
+
+    pub fn encode(self) -> [u8; CHECKSUM_ENTRY_BYTES as usize] {
+        let (crc, flags) = match self {
+            BlockSum::Zero => (0, 0),
+            BlockSum::Data(crc) => (crc, FLAG_DATA),
+        };
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&crc.to_be_bytes());
+        out[4..].copy_from_slice(&flags.to_be_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8; CHECKSUM_ENTRY_BYTES as usize]) -> BlockSum {
+        let crc = u32::from_be_bytes(bytes[..4].try_into().expect("4 bytes"));
+        let flags = u32::from_be_bytes(bytes[4..].try_into().expect("4 bytes"));
+        if flags & FLAG_DATA == 0 {
+            BlockSum::Zero
+        } else {
+            BlockSum::Data(crc)
+        }
+    }
+
+    /// Whether `data`, read from the device, is what this entry promises.
+    pub fn verifies(self, data: &[u8]) -> bool {
+        match self {
+            // A zero block is never read from the device.
+            BlockSum::Zero => true,
+            BlockSum::Data(crc) => crc32c::crc32c(data) == crc,
+        }
+    }
+}
+
+/// One copy of a block as recovery finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CopyState {
+    /// The read succeeded.
+    pub readable: bool,
+    /// The checksum entry stored on that copy's device.
+    pub stored: BlockSum,
+    /// crc32c of the data read (meaningless if unreadable).
+    pub actual: u32,
+}
+
+/// What recovery writes back to every copy of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Copy `source`'s data, with this checksum.
+    Data { source: usize, sum: BlockSum },
+    /// Every copy says zero: keep it zero.
+    Zero,
+    /// No copy could be read: the block stays as it is and reads will fail.
+    Unreadable,
+}
+
+/// Decide one block of a dirty region. Copies are in member order.
+pub fn resolve(copies: &[CopyState]) -> Resolution {
+    assert!(!copies.is_empty(), "a block has at least one copy");
+    let consistent = |c: &CopyState| match c.stored {
+        BlockSum::Data(crc) => c.readable && crc == c.actual,
+        BlockSum::Zero => true,
+    };
+    if let Some(index) = copies
+        .iter()
+        .position(|c| consistent(c) && c.stored != BlockSum::Zero)
+    {
+        return Resolution::Data {
+            source: index,
+            sum: copies[index].stored,
+        };
+    }
+    if copies.iter().all(|c| c.stored == BlockSum::Zero) {
+        return Resolution::Zero;
+    }
+    // Torn everywhere: any readable copy is a legal outcome for an
+    // unflushed write; make the copies agree on the first one.
+    match copies.iter().position(|c| c.readable) {
+        Some(index) => Resolution::Data {
+            source: index,
+            sum: BlockSum::Data(copies[index].actual),
+        },
+        None => Resolution::Unreadable,
+    }
+}
+
+/// The dirty-region log of one mirror group, in memory; the caller
+/// persists the bits it is told to, before the writes that need them.
+#[derive(Clone, Debug, Default)]
+pub struct DirtyLog {
+    /// Regions whose bit is set (in memory and, once persisted, on disk).
+    dirty: BTreeSet<u64>,
+    /// Regions written since the last completed flush.
+    written: BTreeSet<u64>,
+    /// Writes started and not yet completed, per region.
+    in_flight: BTreeMap<u64, u32>,
+}
+
+impl DirtyLog {
+    /// Regions found dirty on disk at import (recovery works through them).
+    pub fn from_disk(dirty: impl IntoIterator<Item = u64>) -> DirtyLog {
+        DirtyLog {
+            dirty: dirty.into_iter().collect(),
+            ..DirtyLog::default()
+        }
+    }
+
+    /// A write touches `regions`. Returns the regions whose bit must be
+    /// made durable before the write may start (empty: go ahead).
+    pub fn before_write(&mut self, regions: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut newly = Vec::new();
+        for region in regions {
+            self.written.insert(region);
+            *self.in_flight.entry(region).or_default() += 1;
+            if self.dirty.insert(region) {
+                newly.push(region);
+            }
+        }
+        newly
+    }
+
+    /// The write that `before_write(regions)` announced has completed.
+    pub fn after_write(&mut self, regions: impl IntoIterator<Item = u64>) {
+        for region in regions {
+            let count = self
+                .in_flight
+                .get_mut(&region)
+                .expect("write was announced");
+            *count -= 1;
+            if *count == 0 {
+                self.in_flight.remove(&region);
+            }
+        }
+    }
+
+    /// A flush completed on every copy; it covered every write that had
+    /// completed when it started. Returns regions that can be cleared:
+    /// dirty, not written since the flush before this one, and with no
+    /// write in flight.
+    pub fn after_flush(&mut self, written_before_flush: &BTreeSet<u64>) -> Vec<u64> {
+        let clear: Vec<u64> = self
+            .dirty
+            .iter()
+            .copied()
+            .filter(|r| {
+                !written_before_flush.contains(r)
+                    && !self.written.contains(r)
+                    && !self.in_flight.contains_key(r)
+            })
+            .collect();
+        for region in &clear {
+            self.dirty.remove(region);
+        }
+        clear
+    }
+
+    /// Take the set of regions written so far, as a flush starts.
+    pub fn start_flush(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.written)
+    }
+
+    pub fn is_dirty(&self, region: u64) -> bool {
+        self.dirty.contains(&region)
+    }
+
+    pub fn dirty_regions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.iter().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_entries_round_trip_and_verify() {
+        let data = vec![7u8; 4096];
+        let sum = BlockSum::of(&data);
+        assert_eq!(BlockSum::decode(&sum.encode()), sum);
+        assert_eq!(BlockSum::decode(&[0; 8]), BlockSum::Zero);
+        assert!(sum.verifies(&data));
+        let mut bad = data.clone();
+        bad[4095] ^= 1;
+        assert!(!sum.verifies(&bad));
+    }
+
+    fn copy(readable: bool, stored: BlockSum, actual: u32) -> CopyState {
+        CopyState {
+            readable,
+            stored,
+            actual,
+        }
+    }
+
+    #[test]
+    fn recovery_prefers_a_copy_that_matches_its_checksum() {
+        // Member 0 torn (data new, checksum old); member 1 intact old.
+        let old = BlockSum::Data(10);
+        let r = resolve(&[copy(true, old, 99), copy(true, old, 10)]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 1,
+                sum: old
+            }
+        );
+        // Both consistent: the first member wins.
+        let new = BlockSum::Data(20);
+        let r = resolve(&[copy(true, new, 20), copy(true, old, 10)]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 0,
+                sum: new
+            }
+        );
+        // An unreadable copy is skipped.
+        let r = resolve(&[copy(false, old, 0), copy(true, old, 10)]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 1,
+                sum: old
+            }
+        );
+    }
+
+    #[test]
+    fn recovery_makes_torn_copies_agree_and_keeps_zero_blocks_zero() {
+        let r = resolve(&[
+            copy(true, BlockSum::Data(1), 5),
+            copy(true, BlockSum::Data(2), 6),
+        ]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 0,
+                sum: BlockSum::Data(5)
+            }
+        );
+        assert_eq!(
+            resolve(&[
+                copy(true, BlockSum::Zero, 0),
+                copy(false, BlockSum::Zero, 0)
+            ]),
+            Resolution::Zero
+        );
+        // A zero entry on one copy and a consistent write on the other: the write.
+        let r = resolve(&[
+            copy(true, BlockSum::Zero, 0),
+            copy(true, BlockSum::Data(3), 3),
+        ]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 1,
+                sum: BlockSum::Data(3)
+            }
+        );
+        assert_eq!(
+            resolve(&[
+                copy(false, BlockSum::Data(1), 0),
+                copy(false, BlockSum::Data(1), 0)
+            ]),
+            Resolution::Unreadable
+        );
+    }
+
+    #[test]
+    fn the_log_persists_each_region_once_and_clears_after_a_quiet_flush() {
+        let mut log = DirtyLog::default();
+        assert_eq!(log.before_write([3, 4]), vec![3, 4]);
+        assert_eq!(log.before_write([4, 5]), vec![5], "4 is already durable");
+        log.after_write([3, 4]);
+        log.after_write([4, 5]);
+        // A flush covering those writes: they were written in its interval,
+        // so nothing clears yet.
+        let covered = log.start_flush();
+        assert!(log.after_flush(&covered).is_empty());
+        // Region 5 is written again; 3 and 4 stay quiet through the next
+        // flush, which clears them (their writes were durable at the first).
+        log.before_write([5]);
+        let covered = log.start_flush();
+        assert_eq!(log.after_flush(&covered), vec![3, 4]);
+        assert!(log.is_dirty(5));
+        // The write to 5 is still in flight: 5 stays dirty however many
+        // flushes pass.
+        for _ in 0..2 {
+            let covered = log.start_flush();
+            assert!(log.after_flush(&covered).is_empty());
+        }
+        log.after_write([5]);
+        let covered = log.start_flush();
+        assert_eq!(log.after_flush(&covered), vec![5]);
+        assert!(!log.is_dirty(3));
+        assert_eq!(
+            log.before_write([3]),
+            vec![3],
+            "a cleared region is persisted again"
+        );
+    }
+}
