@@ -11,7 +11,9 @@ from weirtest import WEIR, run
 MIB = 1 << 20
 
 
-class Pools(unittest.TestCase):
+class PoolTest(unittest.TestCase):
+    """Helpers: files in a temporary directory, weir pool/volume on them."""
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="weir-pool-")
         self.dir = self.tmp.name
@@ -29,6 +31,11 @@ class Pools(unittest.TestCase):
     def weir(self, *args, check=True):
         return run(WEIR, "pool", *args, "--data-dir", self.data, check=check, timeout=60)
 
+    def volume(self, *args, check=True):
+        return run(WEIR, "volume", *args, "--data-dir", self.data, check=check, timeout=60)
+
+
+class Pools(PoolTest):
     def test_a_mirror_is_created_and_reported_online(self):
         a, b = self.file("a.img"), self.file("b.img")
         out = self.weir("create", "tank", "mirror", a, b).stdout
@@ -86,6 +93,48 @@ class Pools(unittest.TestCase):
         result = self.weir("status", "tank", check=False)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("none of the devices could be opened", result.stderr)
+
+
+class Volumes(PoolTest):
+    def test_volumes_reserve_space_and_free_it(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/db", "--size", "100M")
+        self.volume("create", "tank/vm", "--size", "64M", "--block-size", "16K")
+        listing = self.volume("list").stdout
+        self.assertRegex(listing, r"tank/db\s+104857600\s+4096")
+        self.assertRegex(listing, r"tank/vm\s+67108864\s+16384")
+        full = self.volume("create", "tank/big", "--size", "200M", check=False)
+        self.assertNotEqual(full.returncode, 0)
+        self.assertIn("no room", full.stderr)
+        self.volume("delete", "tank/db")
+        self.volume("create", "tank/big", "--size", "100M")  # fits only in the freed space
+        listing = self.volume("list", "tank").stdout
+        self.assertNotIn("tank/db", listing)
+        self.assertIn("tank/big", listing)
+        for args, reason in [
+            (("create", "tank/vm", "--size", "1M"), "already exists"),
+            (("create", "tank/x", "--size", "4095"), "multiple of the block size"),
+            (("create", "tank/x", "--size", "1M", "--block-size", "3K"), "power of two"),
+            (("create", "nosuch/x", "--size", "1M"), "no pool named"),
+            (("delete", "tank/nothing"), "no volume"),
+        ]:
+            result = self.volume(*args, check=False)
+            self.assertNotEqual(result.returncode, 0, args)
+            self.assertIn(reason, result.stderr, args)
+
+    def test_the_table_survives_a_damaged_copy_and_a_degraded_pool_refuses_changes(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/db", "--size", "10M")
+        with open(a, "r+b") as f:
+            f.seek(4096 + 40)  # inside a's copy of the volume table
+            f.write(b"\x00\xff" * 8)
+        self.assertIn("tank/db", self.volume("list").stdout)
+        os.rename(b, b + ".gone")
+        result = self.volume("create", "tank/more", "--size", "1M", check=False)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("DEGRADED", result.stderr)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ enum Command {
     /// Pools of mirrored devices (so far: create and status; serving them comes next).
     #[command(subcommand)]
     Pool(weir::pool::cli::PoolCommand),
+    /// Volumes in pools (so far offline: create, list, delete).
+    #[command(subcommand)]
+    Volume(weir::pool::cli::VolumeCommand),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
     #[command(subcommand)]
     Bench(weir::bench::cli::BenchCommand),
@@ -45,6 +48,10 @@ fn main() {
         Command::Pool(command) => {
             init_logging("warn");
             weir::pool::cli::main(command)
+        }
+        Command::Volume(command) => {
+            init_logging("warn");
+            weir::pool::cli::volume_main(command)
         }
     };
     if let Err(err) = result {

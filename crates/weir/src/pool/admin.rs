@@ -241,6 +241,8 @@ pub struct Imported {
     pub label: Label,
     /// Per group, per member: where it was found and its state.
     pub members: Vec<Vec<(Option<String>, MemberState)>>,
+    /// Per group, per member: the open device, if present and current.
+    pub devices: Vec<Vec<Option<Arc<dyn Device>>>>,
     /// Label copies rewritten because they were stale or damaged.
     pub repaired_labels: Vec<String>,
 }
@@ -299,14 +301,20 @@ pub fn import(texts: &[String]) -> anyhow::Result<Imported> {
     }
     let mut repaired_labels = Vec::new();
     let mut members = Vec::new();
+    let mut devices = Vec::new();
     // Devices are registered in layout order, which names missing members.
     let flat_len: usize = newest.layout.groups.iter().map(Vec::len).sum();
     let mut flat_index = 0;
     for group in &newest.layout.groups {
         let mut states = Vec::new();
+        let mut opened = Vec::new();
         for id in group {
             let registered = (texts.len() == flat_len).then(|| texts[flat_index].clone());
             flat_index += 1;
+            let current = found
+                .iter()
+                .find(|f| f.2.device_id == *id && f.2.generation == newest.generation);
+            opened.push(current.map(|f| Arc::clone(&f.1)));
             match found.iter().find(|f| f.2.device_id == *id) {
                 None => states.push((registered, MemberState::Unavail)),
                 Some((text, _, label, _)) if label.generation < newest.generation => {
@@ -323,12 +331,35 @@ pub fn import(texts: &[String]) -> anyhow::Result<Imported> {
             }
         }
         members.push(states);
+        devices.push(opened);
     }
     Ok(Imported {
         label: newest,
         members,
+        devices,
         repaired_labels,
     })
+}
+
+/// Names of the registered pools, in registration order.
+pub fn registered_pools(data_dir: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(Registry::load(data_dir)?
+        .pool
+        .into_iter()
+        .map(|p| p.name)
+        .collect())
+}
+
+/// Import the registered pool `name` from its devices.
+pub fn import_registered(name: &str, data_dir: &Path) -> anyhow::Result<Imported> {
+    let registry = Registry::load(data_dir)?;
+    let Some(pool) = registry.pool.iter().find(|p| p.name == name) else {
+        bail!(
+            "no pool named {name:?} in {}",
+            Registry::path(data_dir).display()
+        );
+    };
+    import(&pool.devices).with_context(|| format!("pool {name:?}"))
 }
 
 /// `weir pool status`: every registered pool, or one, imported and shown.

@@ -1,10 +1,11 @@
-//! The `weir pool` command line (offline: it works on the devices directly).
+//! The `weir pool` and `weir volume` command lines (offline: they work on
+//! the devices directly).
 
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use super::admin;
+use super::{admin, volumes};
 
 #[derive(Subcommand)]
 pub enum PoolCommand {
@@ -48,4 +49,60 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Reserve space for a volume: `weir volume create tank/db --size 10G`.
+    Create(VolumeCreateArgs),
+    /// Every volume of every registered pool (or of one).
+    List(VolumeListArgs),
+    /// Remove a volume and free its space.
+    Delete(VolumeDeleteArgs),
+}
+
+#[derive(Args)]
+pub struct VolumeCreateArgs {
+    /// POOL/NAME
+    name: String,
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    size: u64,
+    /// 4K to 128K, a power of two.
+    #[arg(long, default_value = "4K", value_parser = crate::units::parse_bytes)]
+    block_size: u64,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct VolumeListArgs {
+    pool: Option<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct VolumeDeleteArgs {
+    /// POOL/NAME
+    name: String,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+pub fn volume_main(command: VolumeCommand) -> anyhow::Result<()> {
+    match command {
+        VolumeCommand::Create(args) => {
+            let block = u32::try_from(args.block_size).unwrap_or(u32::MAX);
+            volumes::create(&args.name, args.size, block, &args.data_dir)?;
+            print!(
+                "{}",
+                volumes::list(args.name.split('/').next(), &args.data_dir)?
+            );
+        }
+        VolumeCommand::List(args) => {
+            print!("{}", volumes::list(args.pool.as_deref(), &args.data_dir)?)
+        }
+        VolumeCommand::Delete(args) => volumes::delete(&args.name, &args.data_dir)?,
+    }
+    Ok(())
 }

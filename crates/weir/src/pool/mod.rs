@@ -8,6 +8,8 @@ pub mod geometry;
 pub mod integrity;
 pub mod label;
 mod members;
+pub mod volume_table;
+pub mod volumes;
 
 use std::io;
 

@@ -1,0 +1,171 @@
+//! `weir volume create|list|delete`, offline: the volume table on every
+//! member of a pool, with space reserved at creation.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+
+use super::admin::{self, Imported};
+use super::geometry::{allocate, DeviceRegions, Stripe, CHUNK_BYTES, VOLUME_TABLE_BYTES};
+use super::volume_table::{check_volume_name, VolumeEntry, VolumeTable, VOLUMES_MAX};
+use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
+
+/// `POOL/NAME`
+pub fn split_name(text: &str) -> anyhow::Result<(&str, &str)> {
+    let (pool, volume) = text
+        .split_once('/')
+        .with_context(|| format!("{text:?}: want POOL/NAME"))?;
+    check_volume_name(volume).map_err(anyhow::Error::msg)?;
+    Ok((pool, volume))
+}
+
+/// Every present member, with its regions.
+fn members(pool: &Imported) -> anyhow::Result<Vec<(Arc<dyn Device>, DeviceRegions)>> {
+    let mut out = Vec::new();
+    for device in pool.devices.iter().flatten().flatten() {
+        let regions = DeviceRegions::plan(device.info().size_bytes)
+            .context("a member is too small for the pool format")?;
+        out.push((Arc::clone(device), regions));
+    }
+    Ok(out)
+}
+
+/// The pool's logical space: each group as large as its smallest member.
+fn stripe(pool: &Imported) -> anyhow::Result<Stripe> {
+    let mut chunks_per_group = u64::MAX;
+    for group in &pool.devices {
+        for device in group.iter().flatten() {
+            let regions = DeviceRegions::plan(device.info().size_bytes)
+                .context("a member is too small for the pool format")?;
+            chunks_per_group = chunks_per_group.min(regions.data_chunks());
+        }
+    }
+    Ok(Stripe {
+        groups: pool.devices.len(),
+        chunks_per_group,
+    })
+}
+
+fn read_table(pool: &Imported) -> anyhow::Result<VolumeTable> {
+    let mut copies = Vec::new();
+    for (device, regions) in members(pool)? {
+        let outcome = run_sync(
+            device.as_ref(),
+            DeviceOp::Read {
+                offset: regions.volume_table.0,
+                buf: AlignedBuf::new(VOLUME_TABLE_BYTES as usize),
+            },
+        );
+        copies.push(match (outcome.result, outcome.buf) {
+            (Ok(()), Some(buf)) => VolumeTable::decode(buf.as_slice()),
+            _ => None,
+        });
+    }
+    Ok(VolumeTable::newest(copies))
+}
+
+fn write_table(pool: &Imported, table: &VolumeTable) -> anyhow::Result<()> {
+    let bytes = table.encode();
+    for (device, regions) in members(pool)? {
+        let mut buf = AlignedBuf::new(bytes.len());
+        buf.as_mut_slice().copy_from_slice(&bytes);
+        let op = DeviceOp::Write {
+            offset: regions.volume_table.0,
+            buf,
+            durable: true,
+        };
+        run_sync(device.as_ref(), op)
+            .result
+            .context("cannot write the volume table")?;
+    }
+    Ok(())
+}
+
+/// Configuration changes need every member: a missing one would miss them.
+fn import_online(pool_name: &str, data_dir: &Path) -> anyhow::Result<Imported> {
+    let pool = admin::import_registered(pool_name, data_dir)?;
+    if pool.state() != "ONLINE" {
+        bail!(
+            "pool {pool_name:?} is {}; volumes can be changed only while every member is ONLINE",
+            pool.state()
+        );
+    }
+    Ok(pool)
+}
+
+pub fn create(
+    name: &str,
+    size_bytes: u64,
+    block_bytes: u32,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let (pool_name, volume) = split_name(name)?;
+    if !block_bytes.is_power_of_two() || !(4096..=128 << 10).contains(&block_bytes) {
+        bail!("the block size must be a power of two from 4K to 128K");
+    }
+    if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_bytes)) {
+        bail!("the size must be a positive multiple of the block size ({block_bytes} bytes)");
+    }
+    let pool = import_online(pool_name, data_dir)?;
+    let mut table = read_table(&pool)?;
+    if table.find(volume).is_some() {
+        bail!("{name} already exists");
+    }
+    if table.volumes.len() >= VOLUMES_MAX {
+        bail!("pool {pool_name:?} holds its maximum of {VOLUMES_MAX} volumes");
+    }
+    let total = stripe(&pool)?.logical_bytes() / CHUNK_BYTES;
+    let Some((first_chunk, chunks)) = allocate(&table.taken(), total, size_bytes) else {
+        let used: u64 = table.taken().iter().map(|t| t.1).sum();
+        bail!(
+            "pool {pool_name:?} has no room for {size_bytes} bytes ({} MiB of {} MiB reserved)",
+            used,
+            total
+        );
+    };
+    table.volumes.push(VolumeEntry {
+        name: volume.into(),
+        size_bytes,
+        block_bytes,
+        first_chunk,
+        chunks,
+    });
+    table.generation += 1;
+    write_table(&pool, &table)
+}
+
+pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
+    let (pool_name, volume) = split_name(name)?;
+    let pool = import_online(pool_name, data_dir)?;
+    let mut table = read_table(&pool)?;
+    let before = table.volumes.len();
+    table.volumes.retain(|v| v.name != volume);
+    if table.volumes.len() == before {
+        bail!("no volume {name}");
+    }
+    table.generation += 1;
+    write_table(&pool, &table)
+}
+
+/// Every volume of every registered pool (or of one).
+pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    let mut out = format!("{:<40} {:>14} {:>8}\n", "NAME", "SIZE", "BLOCK");
+    for pool_name in admin::registered_pools(data_dir)? {
+        if pool_filter.is_some_and(|f| f != pool_name) {
+            continue;
+        }
+        let pool = admin::import_registered(&pool_name, data_dir)?;
+        for v in read_table(&pool)?.volumes {
+            let _ = writeln!(
+                out,
+                "{:<40} {:>14} {:>8}",
+                format!("{pool_name}/{}", v.name),
+                v.size_bytes,
+                v.block_bytes
+            );
+        }
+    }
+    Ok(out)
+}
