@@ -73,12 +73,13 @@ fn init_logging(level: &str) {
 fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args)?;
     init_logging(&config.log_level);
-    let specs = if config.exports.is_empty() {
+    let pool_volumes = weir::pool::volumes::open_all(&config.data_dir)?;
+    let specs = if config.exports.is_empty() && pool_volumes.is_empty() {
         vec![config.embedded_default()?]
     } else {
         config.exports.clone()
     };
-    let mut exports = Vec::with_capacity(specs.len());
+    let mut exports = Vec::with_capacity(specs.len() + pool_volumes.len());
     for spec in &specs {
         let device = device::open(&spec.device, spec.read_only, config.io_engine)
             .with_context(|| format!("cannot open export {:?}", spec.name))?;
@@ -86,19 +87,17 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             Arc::new(SingleDevice::new(DeviceQueue::new(device))),
             spec.read_only,
         );
-        tracing::info!(
-            export = spec.name,
-            size_bytes = volume.size_bytes(),
-            read_only = spec.read_only,
-            "exporting {}",
-            volume.description()
-        );
-        exports.push(Export {
-            name: spec.name.clone(),
-            description: spec.description.clone(),
-            volume: Arc::new(volume),
-        });
+        exports.push(export(
+            &spec.name,
+            &spec.description,
+            volume,
+            spec.read_only,
+        ));
     }
+    for (name, store) in pool_volumes {
+        exports.push(export(&name, "", Volume::new(store, false), false));
+    }
+    let first_export = exports[0].name.clone();
     let exports = Arc::new(Exports::new(exports, config.max_block_bytes));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -107,8 +106,23 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             .context("cannot install signal handlers")?;
     }
     let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
-    print_connect_hint(&listeners, &specs[0].name);
+    print_connect_hint(&listeners, &first_export);
     server::serve(listeners, exports, &stop)
+}
+
+fn export(name: &str, description: &str, volume: Volume, read_only: bool) -> Export {
+    tracing::info!(
+        export = name,
+        size_bytes = volume.size_bytes(),
+        read_only,
+        "exporting {}",
+        volume.description()
+    );
+    Export {
+        name: name.into(),
+        description: description.into(),
+        volume: Arc::new(volume),
+    }
 }
 
 /// One line telling the user how to connect.

@@ -17,7 +17,7 @@ pub mod model;
 pub mod spec;
 mod threads;
 mod uring;
-mod workers;
+pub(crate) mod workers;
 
 use std::io;
 

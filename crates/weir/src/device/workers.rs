@@ -8,21 +8,21 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-pub(super) type Job = Box<dyn FnOnce() + Send>;
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 struct Queue {
     pending: VecDeque<Job>,
     stopping: bool,
 }
 
-pub(super) struct Workers {
+pub(crate) struct Workers {
     shared: Arc<(Mutex<Queue>, Condvar)>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Workers {
     /// Start `count` threads named `{name}-{index}`.
-    pub(super) fn start(name: &str, count: usize) -> io::Result<Workers> {
+    pub(crate) fn start(name: &str, count: usize) -> io::Result<Workers> {
         let shared = Arc::new((
             Mutex::new(Queue {
                 pending: VecDeque::new(),
@@ -41,7 +41,7 @@ impl Workers {
         Ok(Workers { shared, threads })
     }
 
-    pub(super) fn run(&self, job: Job) {
+    pub(crate) fn run(&self, job: Job) {
         let (queue, wake) = &*self.shared;
         queue.lock().pending.push_back(job);
         wake.notify_one();

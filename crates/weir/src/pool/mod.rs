@@ -8,6 +8,7 @@ pub mod geometry;
 pub mod integrity;
 pub mod label;
 mod members;
+pub mod mirror;
 pub mod volume_table;
 pub mod volumes;
 

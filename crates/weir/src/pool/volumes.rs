@@ -48,7 +48,8 @@ fn stripe(pool: &Imported) -> anyhow::Result<Stripe> {
     })
 }
 
-fn read_table(pool: &Imported) -> anyhow::Result<VolumeTable> {
+/// The pool's volume table (the newest valid copy among its members).
+pub fn read_table(pool: &Imported) -> anyhow::Result<VolumeTable> {
     let mut copies = Vec::new();
     for (device, regions) in members(pool)? {
         let outcome = run_sync(
@@ -147,6 +148,26 @@ pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
     }
     table.generation += 1;
     write_table(&pool, &table)
+}
+
+/// Every volume of every registered pool, opened for serving, named
+/// `POOL/NAME`.
+pub fn open_all(data_dir: &Path) -> anyhow::Result<Vec<(String, Arc<dyn super::Store>)>> {
+    let mut out: Vec<(String, Arc<dyn super::Store>)> = Vec::new();
+    for pool_name in admin::registered_pools(data_dir)? {
+        let pool = admin::import_registered(&pool_name, data_dir)?;
+        let table = read_table(&pool)?;
+        if table.volumes.is_empty() {
+            continue;
+        }
+        let data = super::mirror::PoolData::open(&pool)
+            .with_context(|| format!("cannot open pool {pool_name:?}"))?;
+        for entry in &table.volumes {
+            let volume = super::mirror::PoolVolume::new(Arc::clone(&data), entry)?;
+            out.push((format!("{pool_name}/{}", entry.name), Arc::new(volume)));
+        }
+    }
+    Ok(out)
 }
 
 /// Every volume of every registered pool (or of one).
