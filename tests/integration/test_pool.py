@@ -2,6 +2,7 @@
 around them (another pool's device, a device listed twice or too small, a
 damaged label copy, a missing member)."""
 
+import json
 import os
 import signal
 import tempfile
@@ -226,6 +227,51 @@ class Serving(PoolTest):
                 at = fa.tell()
                 self.assertEqual(fa.read(take), fb.read(take), f"copies differ in [{at}, {at + take})")
                 left -= take
+
+
+class Scrub(PoolTest):
+    def scrub(self, *args, check=True):
+        return run(WEIR, "scrub", *args, "--data-dir", self.data, check=check, timeout=120)
+
+    def test_scrub_repairs_a_damaged_copy_and_a_second_scrub_finds_nothing(self):
+        a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "256M")
+        src = os.path.join(self.dir, "src.img")
+        with open(src, "wb") as f:
+            f.write(os.urandom(32 * MIB))
+        with Weir("--data-dir", self.data) as w:
+            run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, w.uri("tank/disk"))
+            busy = self.scrub("start", "tank", check=False)
+            self.assertNotEqual(busy.returncode, 0)
+            self.assertIn("in use by a running weir serve", busy.stderr)
+            self.assertEqual(w.stop(), 0)
+        with open(b, "r+b") as f:
+            f.seek(8 * MIB)
+            f.write(os.urandom(4 * MIB))
+        out = self.scrub("start", "tank", "--wait").stdout
+        self.assertIn("finished, 100.0%", out)
+        self.assertIn("1024 repaired, 0 unrecoverable", out)  # 4 MiB of 4 KiB blocks
+        self.assertIn("0 repaired, 0 unrecoverable", self.scrub("start", "tank").stdout)
+        self.assertIn("finished", self.scrub("status", "tank").stdout)
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            fa.seek(8 * MIB)
+            fb.seek(8 * MIB)
+            self.assertEqual(fa.read(4 * MIB), fb.read(4 * MIB), "the copies agree again")
+        with Weir("--data-dir", self.data) as w:
+            run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"))
+
+    def test_an_interrupted_scrub_resumes_from_its_checkpoint(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "16M")
+        total = int(self.scrub("start", "tank").stdout.split(" of ")[1].split()[0])
+        with open(os.path.join(self.data, "scrub-tank.json"), "w") as f:
+            json.dump({"state": "running", "group": 0, "chunk": 100, "chunks_done": 100, "chunks_total": total,
+                       "bytes_read": 0, "repaired": 0, "unrecoverable": 0, "seconds": 1.0}, f)
+        result = self.scrub("start", "tank")
+        self.assertIn("resuming the scrub of tank at 100", result.stderr)
+        self.assertIn(f"({total} of {total} chunks)", result.stdout)
 
 
 if __name__ == "__main__":

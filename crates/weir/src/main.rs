@@ -35,6 +35,9 @@ enum Command {
     /// Volumes in pools (so far offline: create, list, delete).
     #[command(subcommand)]
     Volume(weir::pool::cli::VolumeCommand),
+    /// Verify every copy of a pool's data and repair bad copies (offline for now).
+    #[command(subcommand)]
+    Scrub(weir::pool::cli::ScrubCommand),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
     #[command(subcommand)]
     Bench(weir::bench::cli::BenchCommand),
@@ -52,6 +55,10 @@ fn main() {
         Command::Volume(command) => {
             init_logging("warn");
             weir::pool::cli::volume_main(command)
+        }
+        Command::Scrub(command) => {
+            init_logging("warn");
+            weir::pool::cli::scrub_main(command)
         }
     };
     if let Err(err) = result {
@@ -73,6 +80,13 @@ fn init_logging(level: &str) {
 fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args)?;
     init_logging(&config.log_level);
+    // Pools live in the data directory only if it has a registry; the lock
+    // keeps offline pool commands away while this server runs.
+    let _data_dir_lock = if config.data_dir.join("pools.toml").exists() {
+        Some(weir::pool::admin::lock_data_dir(&config.data_dir)?)
+    } else {
+        None
+    };
     let pool_volumes = weir::pool::volumes::open_all(&config.data_dir)?;
     let specs = if config.exports.is_empty() && pool_volumes.is_empty() {
         vec![config.embedded_default()?]

@@ -267,7 +267,9 @@ impl Imported {
 }
 
 /// Find a pool on `texts`: every device must carry a label of one pool.
-pub fn import(texts: &[String]) -> anyhow::Result<Imported> {
+/// With `repair`, damaged or stale label copies of current members are
+/// rewritten (only when this process owns the data directory).
+pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
     // (spec, device, chosen label, label copies to rewrite)
     type Found = (String, Arc<dyn Device>, Label, Vec<usize>);
     let mut found: Vec<Found> = Vec::new();
@@ -321,7 +323,7 @@ pub fn import(texts: &[String]) -> anyhow::Result<Imported> {
                     states.push((Some(text.clone()), MemberState::Stale))
                 }
                 Some((text, device, label, stale)) => {
-                    if !stale.is_empty() {
+                    if repair && !stale.is_empty() {
                         write_labels(device.as_ref(), label, stale)
                             .with_context(|| format!("cannot repair the label of {text}"))?;
                         repaired_labels.push(text.clone());
@@ -351,7 +353,7 @@ pub fn registered_pools(data_dir: &Path) -> anyhow::Result<Vec<String>> {
 }
 
 /// Import the registered pool `name` from its devices.
-pub fn import_registered(name: &str, data_dir: &Path) -> anyhow::Result<Imported> {
+pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::Result<Imported> {
     let registry = Registry::load(data_dir)?;
     let Some(pool) = registry.pool.iter().find(|p| p.name == name) else {
         bail!(
@@ -359,11 +361,43 @@ pub fn import_registered(name: &str, data_dir: &Path) -> anyhow::Result<Imported
             Registry::path(data_dir).display()
         );
     };
-    import(&pool.devices).with_context(|| format!("pool {name:?}"))
+    import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))
+}
+
+/// Exclusive use of a data directory: `weir serve` holds it while it runs,
+/// and the offline commands that change a pool take it. Released when the
+/// file is dropped.
+pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
+    try_lock_data_dir(data_dir)?.with_context(|| {
+        format!(
+            "{} is in use by a running weir serve; stop it first (the admin endpoint that would do this live is not built yet)",
+            data_dir.display()
+        )
+    })
+}
+
+/// `Ok(None)` when another process holds the directory.
+pub fn try_lock_data_dir(data_dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let path = data_dir.join("weir.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    Ok((rc == 0).then_some(file))
 }
 
 /// `weir pool status`: every registered pool, or one, imported and shown.
+/// Label copies are repaired only if no server holds the directory.
 pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    let lock = try_lock_data_dir(data_dir)?;
+    let repair = lock.is_some();
     let registry = Registry::load(data_dir)?;
     let pools: Vec<&RegisteredPool> = registry
         .pool
@@ -381,7 +415,8 @@ pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
     }
     let mut out = String::new();
     for pool in pools {
-        let imported = import(&pool.devices).with_context(|| format!("pool {:?}", pool.name))?;
+        let imported =
+            import(&pool.devices, repair).with_context(|| format!("pool {:?}", pool.name))?;
         render(&mut out, &imported);
     }
     Ok(out)

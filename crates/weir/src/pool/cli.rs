@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use super::{admin, volumes};
+use super::{admin, scrub, volumes};
 
 #[derive(Subcommand)]
 pub enum PoolCommand {
@@ -103,6 +103,38 @@ pub fn volume_main(command: VolumeCommand) -> anyhow::Result<()> {
             print!("{}", volumes::list(args.pool.as_deref(), &args.data_dir)?)
         }
         VolumeCommand::Delete(args) => volumes::delete(&args.name, &args.data_dir)?,
+    }
+    Ok(())
+}
+
+#[derive(Subcommand)]
+pub enum ScrubCommand {
+    /// Scrub a pool to the end (offline, in the foreground; resumes an interrupted one).
+    Start(ScrubArgs),
+    /// The last scrub's result, or its progress if it was interrupted.
+    Status(ScrubArgs),
+}
+
+#[derive(Args)]
+pub struct ScrubArgs {
+    pool: String,
+    /// Accepted for compatibility: an offline scrub always runs to the end.
+    #[arg(long)]
+    wait: bool,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+pub fn scrub_main(command: ScrubCommand) -> anyhow::Result<()> {
+    match command {
+        ScrubCommand::Start(args) => {
+            let result = scrub::start(&args.pool, &args.data_dir)?;
+            println!("{}", scrub::describe(&args.pool, &result));
+            if result.unrecoverable > 0 {
+                anyhow::bail!("{} blocks have no good copy left", result.unrecoverable);
+            }
+        }
+        ScrubCommand::Status(args) => println!("{}", scrub::status(&args.pool, &args.data_dir)?),
     }
     Ok(())
 }

@@ -558,6 +558,99 @@ impl PoolData {
     }
 }
 
+/// What scrubbing one chunk found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubResult {
+    /// Bytes read from all copies.
+    pub bytes_read: u64,
+    /// Bad block copies rewritten from a good copy.
+    pub repaired: u64,
+    /// Blocks with no good copy left.
+    pub unrecoverable: u64,
+}
+
+impl PoolData {
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn chunks_per_group(&self) -> u64 {
+        self.stripe.chunks_per_group
+    }
+
+    pub fn data_bytes_per_group(&self) -> u64 {
+        self.stripe.chunks_per_group * CHUNK_BYTES
+    }
+
+    /// Read every allocated block of every copy of one chunk, verify it,
+    /// and rewrite bad copies from a good one. Chunks that hold no data
+    /// cost no I/O.
+    pub fn scrub_chunk(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        let group = &self.groups[group_index];
+        let stripe = ((chunk as usize) * self.stripe.groups + group_index) % LOCK_STRIPES;
+        let _guard = self.locks[stripe].write();
+        let first = (chunk * BLOCKS_PER_CHUNK) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + BLOCKS_PER_CHUNK as usize].to_vec();
+        let mut result = ScrubResult::default();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            return Ok(result);
+        }
+        let ops = group
+            .members
+            .iter()
+            .map(|m| {
+                let buf = AlignedBuf::new(CHUNK_BYTES as usize);
+                (
+                    Arc::clone(&m.device),
+                    DeviceOp::Read {
+                        offset: m.regions.data.0 + chunk * CHUNK_BYTES,
+                        buf,
+                    },
+                )
+            })
+            .collect();
+        let copies: Vec<Option<AlignedBuf>> = run_all(ops)
+            .into_iter()
+            .map(|o| o.result.ok().and(o.buf))
+            .collect();
+        result.bytes_read = copies.iter().flatten().count() as u64 * CHUNK_BYTES;
+        for (block, sum) in sums.iter().enumerate() {
+            if *sum == BlockSum::Zero {
+                continue;
+            }
+            let range = block * DATA_BLOCK_BYTES as usize..(block + 1) * DATA_BLOCK_BYTES as usize;
+            let good: Vec<bool> = copies
+                .iter()
+                .map(|c| {
+                    c.as_ref()
+                        .is_some_and(|c| sum.verifies(&c.as_slice()[range.clone()]))
+                })
+                .collect();
+            let Some(source) = good.iter().position(|g| *g) else {
+                result.unrecoverable += 1;
+                continue;
+            };
+            let data = copies[source]
+                .as_ref()
+                .expect("good copies were read")
+                .as_slice()[range.clone()]
+            .to_vec();
+            for (index, ok) in good.iter().enumerate() {
+                if *ok {
+                    continue;
+                }
+                let m = &group.members[index];
+                let offset = m.regions.data.0 + chunk * CHUNK_BYTES + range.start as u64;
+                write_at(m.device.as_ref(), offset, &data, true)?;
+                result.repaired += 1;
+                self.repairs.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(result)
+    }
+}
+
 fn page_bytes(sums: &[BlockSum], page: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; PAGE_BYTES as usize];
     let first = (page * SUMS_PER_PAGE) as usize;

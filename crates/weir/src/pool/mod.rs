@@ -9,6 +9,7 @@ pub mod integrity;
 pub mod label;
 mod members;
 pub mod mirror;
+pub mod scrub;
 pub mod volume_table;
 pub mod volumes;
 

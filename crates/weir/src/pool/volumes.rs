@@ -86,7 +86,7 @@ fn write_table(pool: &Imported, table: &VolumeTable) -> anyhow::Result<()> {
 
 /// Configuration changes need every member: a missing one would miss them.
 fn import_online(pool_name: &str, data_dir: &Path) -> anyhow::Result<Imported> {
-    let pool = admin::import_registered(pool_name, data_dir)?;
+    let pool = admin::import_registered(pool_name, data_dir, true)?;
     if pool.state() != "ONLINE" {
         bail!(
             "pool {pool_name:?} is {}; volumes can be changed only while every member is ONLINE",
@@ -103,6 +103,7 @@ pub fn create(
     data_dir: &Path,
 ) -> anyhow::Result<()> {
     let (pool_name, volume) = split_name(name)?;
+    let _lock = admin::lock_data_dir(data_dir)?;
     if !block_bytes.is_power_of_two() || !(4096..=128 << 10).contains(&block_bytes) {
         bail!("the block size must be a power of two from 4K to 128K");
     }
@@ -139,6 +140,7 @@ pub fn create(
 
 pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
     let (pool_name, volume) = split_name(name)?;
+    let _lock = admin::lock_data_dir(data_dir)?;
     let pool = import_online(pool_name, data_dir)?;
     let mut table = read_table(&pool)?;
     let before = table.volumes.len();
@@ -151,11 +153,11 @@ pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Every volume of every registered pool, opened for serving, named
-/// `POOL/NAME`.
+/// `POOL/NAME`. The caller holds the data directory's lock.
 pub fn open_all(data_dir: &Path) -> anyhow::Result<Vec<(String, Arc<dyn super::Store>)>> {
     let mut out: Vec<(String, Arc<dyn super::Store>)> = Vec::new();
     for pool_name in admin::registered_pools(data_dir)? {
-        let pool = admin::import_registered(&pool_name, data_dir)?;
+        let pool = admin::import_registered(&pool_name, data_dir, true)?;
         let table = read_table(&pool)?;
         if table.volumes.is_empty() {
             continue;
@@ -177,7 +179,7 @@ pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String
         if pool_filter.is_some_and(|f| f != pool_name) {
             continue;
         }
-        let pool = admin::import_registered(&pool_name, data_dir)?;
+        let pool = admin::import_registered(&pool_name, data_dir, false)?;
         for v in read_table(&pool)?.volumes {
             let _ = writeln!(
                 out,
