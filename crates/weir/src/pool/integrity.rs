@@ -188,6 +188,22 @@ impl DirtyLog {
         std::mem::take(&mut self.written)
     }
 
+    /// After a flush with nothing written since it started (a clean
+    /// shutdown): every region without a write in flight clears.
+    pub fn clear_after_final_flush(&mut self) -> Vec<u64> {
+        assert!(self.written.is_empty(), "writes arrived after the final flush");
+        let clear: Vec<u64> = self
+            .dirty
+            .iter()
+            .copied()
+            .filter(|r| !self.in_flight.contains_key(r))
+            .collect();
+        for region in &clear {
+            self.dirty.remove(region);
+        }
+        clear
+    }
+
     pub fn is_dirty(&self, region: u64) -> bool {
         self.dirty.contains(&region)
     }
@@ -321,6 +337,12 @@ mod tests {
         log.after_write([5]);
         let covered = log.start_flush();
         assert_eq!(log.after_flush(&covered), vec![5]);
+        // A clean shutdown clears everything once its final flush is done.
+        log.before_write([7, 8]);
+        log.after_write([7, 8]);
+        let covered = log.start_flush();
+        assert!(log.after_flush(&covered).is_empty());
+        assert_eq!(log.clear_after_final_flush(), vec![7, 8]);
         assert!(!log.is_dirty(3));
         assert_eq!(
             log.before_write([3]),

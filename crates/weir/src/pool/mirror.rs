@@ -12,8 +12,8 @@
 //!     open:  recover every dirty region first (integrity::resolve per block)
 //! ```
 //!
-//! Every op runs on a small pool of worker threads that wait on the member
-//! devices; simple before fast, for now.
+//! Every op runs on one of the pool's worker threads, which waits on the
+//! member devices for it; simple before fast, for now.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -33,7 +33,9 @@ use crate::device::workers::Workers;
 use crate::device::{run_sync, AlignedBuf, Completion, Device, DeviceOp, Extent, Outcome};
 use crate::sched::IoClass;
 
-const WORKER_THREADS: usize = 4;
+/// Threads per pool that run ops. Each waits on the devices for its op, so
+/// this bounds the pool's queue depth: clients commonly keep 32 in flight.
+const WORKER_THREADS: usize = 64;
 const LOCK_STRIPES: usize = 1024;
 const PAGE_BYTES: u64 = 4096;
 /// Checksum entries per 4 KiB page of the checksum region.
@@ -66,6 +68,7 @@ pub struct PoolData {
     locks: Vec<RwLock<()>>,
     repairs: AtomicU64,
     rotational: bool,
+    workers: Workers,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -174,6 +177,7 @@ impl PoolData {
             locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             repairs: AtomicU64::new(0),
             rotational,
+            workers: Workers::start("weir-pool", WORKER_THREADS)?,
         });
         for (index, group) in data.groups.iter().enumerate() {
             let dirty: Vec<u64> = group.state.lock().log.dirty_regions().collect();
@@ -651,6 +655,26 @@ impl PoolData {
     }
 }
 
+impl Drop for PoolData {
+    /// A clean close: flush, then clear the dirty-region log, so that the
+    /// next open has nothing to recover.
+    fn drop(&mut self) {
+        for group in &self.groups {
+            let closed = self.flush_group(group).and_then(|()| {
+                let cleared = group.state.lock().log.clear_after_final_flush();
+                if cleared.is_empty() {
+                    Ok(())
+                } else {
+                    self.write_log_bits(group, &cleared, true)
+                }
+            });
+            if let Err(err) = closed {
+                tracing::warn!(pool = self.name, error = %err, "unclean close: the next open recovers");
+            }
+        }
+    }
+}
+
 fn page_bytes(sums: &[BlockSum], page: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; PAGE_BYTES as usize];
     let first = (page * SUMS_PER_PAGE) as usize;
@@ -712,7 +736,6 @@ pub struct PoolVolume {
     pool: Arc<PoolData>,
     first_byte: u64,
     info: StoreInfo,
-    workers: Workers,
 }
 
 impl PoolVolume {
@@ -727,7 +750,6 @@ impl PoolVolume {
             first_byte: entry.first_chunk * CHUNK_BYTES,
             pool,
             info,
-            workers: Workers::start("weir-pool", WORKER_THREADS)?,
         })
     }
 }
@@ -745,7 +767,7 @@ impl Store for PoolVolume {
         );
         let pool = Arc::clone(&self.pool);
         let base = self.first_byte;
-        self.workers.run(Box::new(move || {
+        self.pool.workers.run(Box::new(move || {
             let outcome = match op {
                 DeviceOp::Read { offset, mut buf } => {
                     match pool.read(base + offset, buf.as_mut_slice()) {
