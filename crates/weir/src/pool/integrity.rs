@@ -191,7 +191,10 @@ impl DirtyLog {
     /// After a flush with nothing written since it started (a clean
     /// shutdown): every region without a write in flight clears.
     pub fn clear_after_final_flush(&mut self) -> Vec<u64> {
-        assert!(self.written.is_empty(), "writes arrived after the final flush");
+        assert!(
+            self.written.is_empty(),
+            "writes arrived after the final flush"
+        );
         let clear: Vec<u64> = self
             .dirty
             .iter()

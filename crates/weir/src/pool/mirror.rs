@@ -65,7 +65,7 @@ pub struct PoolData {
     name: String,
     groups: Vec<Group>,
     stripe: Stripe,
-    locks: Vec<RwLock<()>>,
+    locks: Vec<Arc<RwLock<()>>>,
     repairs: AtomicU64,
     rotational: bool,
     workers: Workers,
@@ -174,7 +174,9 @@ impl PoolData {
             name: pool.label.pool_name.clone(),
             groups: opened,
             stripe,
-            locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            locks: (0..LOCK_STRIPES)
+                .map(|_| Arc::new(RwLock::new(())))
+                .collect(),
             repairs: AtomicU64::new(0),
             rotational,
             workers: Workers::start("weir-pool", WORKER_THREADS)?,
@@ -539,6 +541,96 @@ impl PoolData {
         Ok(false)
     }
 
+    /// The common read without a worker thread: one piece, its chunk lock
+    /// free, the device read submitted from the caller's thread and
+    /// verified in its completion. Anything else (a lock held, a bad block,
+    /// an error) goes back to the caller for the worker path.
+    fn read_fast(
+        self: &Arc<Self>,
+        logical: u64,
+        buf: AlignedBuf,
+        done: Completion,
+    ) -> Result<(), (AlignedBuf, Completion)> {
+        let pieces = self.stripe.map(logical, buf.len() as u64);
+        let [piece] = pieces[..] else {
+            return Err((buf, done));
+        };
+        let mut guards = Vec::new();
+        for stripe in self.stripes(&pieces) {
+            match self.locks[stripe].try_read_arc() {
+                Some(guard) => guards.push(guard),
+                None => return Err((buf, done)),
+            }
+        }
+        let group = &self.groups[piece.group];
+        let first = (piece.data_offset / DATA_BLOCK_BYTES) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + buf.len() / DATA_BLOCK_BYTES as usize].to_vec();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            let mut buf = buf;
+            buf.as_mut_slice().fill(0);
+            drop(guards);
+            done(Outcome {
+                result: Ok(()),
+                buf: Some(buf),
+                hole: true,
+            });
+            return Ok(());
+        }
+        let copies = group.members.len();
+        let member = &group.members[(piece.data_offset / CHUNK_BYTES) as usize % copies];
+        let offset = member.regions.data.0 + piece.data_offset;
+        let pool = Arc::clone(self);
+        member.device.submit(
+            DeviceOp::Read { offset, buf },
+            Box::new(move |mut outcome: Outcome| {
+                drop(guards);
+                let verified = outcome.result.is_ok()
+                    && outcome.buf.as_mut().is_some_and(|buf| {
+                        buf.as_mut_slice()
+                            .chunks_mut(DATA_BLOCK_BYTES as usize)
+                            .zip(&sums)
+                            .all(|(block, sum)| match sum {
+                                BlockSum::Zero => {
+                                    block.fill(0);
+                                    true
+                                }
+                                BlockSum::Data(_) => sum.verifies(block),
+                            })
+                    });
+                if verified {
+                    drop(pool);
+                    return done(outcome);
+                }
+                // A bad copy or an error: the worker path reads, heals, answers.
+                let buf = outcome
+                    .buf
+                    .take()
+                    .unwrap_or_else(|| AlignedBuf::new(piece.length as usize));
+                let workers_pool = Arc::clone(&pool);
+                drop(pool);
+                let job_pool = Arc::clone(&workers_pool);
+                workers_pool.workers.run(Box::new(move || {
+                    let outcome = job_pool.read_outcome(logical, buf);
+                    drop(job_pool);
+                    done(outcome)
+                }));
+            }),
+        );
+        Ok(())
+    }
+
+    fn read_outcome(&self, logical: u64, mut buf: AlignedBuf) -> Outcome {
+        match self.read(logical, buf.as_mut_slice()) {
+            Ok(hole) => Outcome {
+                result: Ok(()),
+                buf: Some(buf),
+                hole,
+            },
+            Err(err) => Outcome::done(Err(err)),
+        }
+    }
+
     fn flush(&self) -> io::Result<()> {
         for group in &self.groups {
             self.flush_group(group)?;
@@ -765,20 +857,18 @@ impl Store for PoolVolume {
             offset + length <= self.info.size_bytes,
             "op past the volume: {op:?}"
         );
-        let pool = Arc::clone(&self.pool);
         let base = self.first_byte;
+        let (op, done) = match op {
+            DeviceOp::Read { offset, buf } => match self.pool.read_fast(base + offset, buf, done) {
+                Ok(()) => return,
+                Err((buf, done)) => (DeviceOp::Read { offset, buf }, done),
+            },
+            other => (other, done),
+        };
+        let pool = Arc::clone(&self.pool);
         self.pool.workers.run(Box::new(move || {
             let outcome = match op {
-                DeviceOp::Read { offset, mut buf } => {
-                    match pool.read(base + offset, buf.as_mut_slice()) {
-                        Ok(hole) => Outcome {
-                            result: Ok(()),
-                            buf: Some(buf),
-                            hole,
-                        },
-                        Err(err) => Outcome::done(Err(err)),
-                    }
-                }
+                DeviceOp::Read { offset, buf } => pool.read_outcome(base + offset, buf),
                 DeviceOp::Write {
                     offset,
                     buf,
@@ -794,6 +884,10 @@ impl Store for PoolVolume {
                     Outcome::done(pool.zero(base + offset, length))
                 }
             };
+            // Let go of the pool before answering: the last reference must
+            // drop on the server's thread, never on one of these workers
+            // (closing the pool joins them).
+            drop(pool);
             done(outcome)
         }));
     }
