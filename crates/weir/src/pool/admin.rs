@@ -117,14 +117,22 @@ fn check_pool_name(name: &str) -> anyhow::Result<()> {
 
 fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
     let spec = DeviceSpec::parse(text).map_err(anyhow::Error::msg)?;
-    if matches!(spec, DeviceSpec::Mem { .. } | DeviceSpec::Model(_)) {
-        bail!("{text}: pools need devices that keep their data (a file or block device)");
+    let volatile = match &spec {
+        DeviceSpec::Mem { .. } => true,
+        DeviceSpec::Model(model) => model.store == crate::device::model::spec::ModelStore::Mem,
+        DeviceSpec::File(_) => false,
+    };
+    if volatile {
+        bail!("{text}: pools need devices that keep their data (a file, a block device, or a model with store=file:PATH)");
     }
     device::open(&spec, false, IoEngine::Auto).with_context(|| format!("cannot open {text}"))
 }
 
 /// The same device named twice, perhaps by different paths.
 fn identity(text: &str) -> String {
+    if text.starts_with("model:") {
+        return text.to_string();
+    }
     let path = text.strip_prefix("file:").unwrap_or(text);
     std::fs::canonicalize(path).map_or_else(|_| text.to_string(), |p| p.display().to_string())
 }
