@@ -316,18 +316,32 @@ class Startup(unittest.TestCase):
         self.assertIn("weir", run(WEIR, "--version").stdout)
         self.assertIn("serve", run(WEIR, "help").stdout)
 
-    def test_embedded_default_is_created_then_reopened(self):
+    def test_embedded_default_is_a_mirrored_demo_pool_created_then_reopened(self):
         with tempfile.TemporaryDirectory() as tmp:
             with Weir(workdir=tmp) as weir:
-                h = connect(weir.uri("default"))
-                self.assertEqual(h.get_size(), 1 << 30)
+                h = connect(weir.uri("demo/default"))
+                # Two sparse 1 GiB files, less the pool's labels and metadata.
+                self.assertEqual(h.get_size(), 1020 << 20)
                 h.pwrite(b"persist!" * 512, 0)
                 h.flush()
                 h.shutdown()
                 self.assertEqual(weir.stop(), 0)
-            self.assertTrue(os.path.exists(os.path.join(tmp, "weir-data", "default.img")))
+            data = os.path.join(tmp, "weir-data")
+            for name in ("demo-0.img", "demo-1.img", "pools.toml"):
+                self.assertTrue(os.path.exists(os.path.join(data, name)), name)
+            status = run(WEIR, "pool", "status", "demo", "--data-dir", data).stdout
+            self.assertIn("state: ONLINE", status)
             with Weir(workdir=tmp) as weir:
                 self.assertEqual(connect(weir.uri("")).pread(4096, 0), b"persist!" * 512)
+
+    def test_a_data_directory_from_before_pools_keeps_its_default_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            os.mkdir(os.path.join(tmp, "weir-data"))
+            with open(os.path.join(tmp, "weir-data", "default.img"), "wb") as f:
+                f.truncate(1 << 30)
+            with Weir(workdir=tmp) as weir:
+                self.assertEqual(connect(weir.uri("default")).get_size(), 1 << 30)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "weir-data", "pools.toml")))
 
 
 if __name__ == "__main__":

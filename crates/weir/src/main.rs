@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve exports over NBD (with no exports configured: a 1 GiB demo volume).
+    /// Serve exports and pool volumes over NBD (with nothing configured: a mirrored demo volume).
     Serve(ServeArgs),
     /// Pools of mirrored devices (so far: create and status; serving them comes next).
     #[command(subcommand)]
@@ -80,6 +80,14 @@ fn init_logging(level: &str) {
 fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let config = ServeConfig::resolve(args)?;
     init_logging(&config.log_level);
+    // With nothing else to serve, weir serves the demo pool, creating it
+    // first. A data directory from before pools (default.img) keeps
+    // serving that file.
+    let registry = config.data_dir.join("pools.toml");
+    let legacy_default = config.data_dir.join("default.img");
+    if config.exports.is_empty() && !registry.exists() && !legacy_default.exists() {
+        weir::pool::admin::create_demo(&config.data_dir)?;
+    }
     // Pools live in the data directory only if it has a registry; the lock
     // keeps offline pool commands away while this server runs.
     let _data_dir_lock = if config.data_dir.join("pools.toml").exists() {

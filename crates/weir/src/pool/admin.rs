@@ -226,6 +226,31 @@ pub fn create(
     registry.save(data_dir)
 }
 
+/// The embedded default: pool `demo`, a 2-way mirror of two sparse 1 GiB
+/// files in the data directory, with one volume `demo/default` filling it.
+pub const DEMO_POOL: &str = "demo";
+pub const DEMO_VOLUME: &str = "demo/default";
+const DEMO_DEVICE_BYTES: u64 = 1 << 30;
+
+pub fn create_demo(data_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
+    let mut members = vec!["mirror".to_string()];
+    for index in 0..2 {
+        let path = data_dir.join(format!("{DEMO_POOL}-{index}.img"));
+        let file = std::fs::File::create_new(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        file.set_len(DEMO_DEVICE_BYTES)?;
+        members.push(identity(&path.display().to_string()));
+    }
+    create(DEMO_POOL, &members, false, data_dir)?;
+    let regions =
+        super::geometry::DeviceRegions::plan(DEMO_DEVICE_BYTES).expect("1 GiB holds a pool");
+    super::volumes::create(DEMO_VOLUME, regions.data.1, 4096, data_dir)?;
+    tracing::info!(data_dir = %data_dir.display(), "created the demo pool: a mirror of two sparse 1 GiB files");
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberState {
     Online,
