@@ -285,23 +285,7 @@ impl PoolData {
                 .collect();
             (covered, pages)
         };
-        let mut ops = Vec::new();
-        for m in &group.members {
-            for (page, bytes) in &pages {
-                let mut buf = AlignedBuf::new(bytes.len());
-                buf.as_mut_slice().copy_from_slice(bytes);
-                let offset = m.regions.checksums.0 + page * PAGE_BYTES;
-                ops.push((
-                    Arc::clone(&m.device),
-                    DeviceOp::Write {
-                        offset,
-                        buf,
-                        durable: false,
-                    },
-                ));
-            }
-        }
-        check_all(run_all(ops), "checksum write")?;
+        write_pages(group, |r| r.checksums.0, &pages, false, "checksum write")?;
         let flushes = group
             .members
             .iter()
@@ -334,23 +318,13 @@ impl PoolData {
                 })
                 .collect()
         };
-        let mut ops = Vec::new();
-        for m in &group.members {
-            for (block, bytes) in &images {
-                let mut buf = AlignedBuf::new(bytes.len());
-                buf.as_mut_slice().copy_from_slice(bytes);
-                let offset = m.regions.dirty_log.0 + block * PAGE_BYTES;
-                ops.push((
-                    Arc::clone(&m.device),
-                    DeviceOp::Write {
-                        offset,
-                        buf,
-                        durable,
-                    },
-                ));
-            }
-        }
-        check_all(run_all(ops), "dirty log write")
+        write_pages(
+            group,
+            |r| r.dirty_log.0,
+            &images,
+            durable,
+            "dirty log write",
+        )
     }
 
     /// The lock stripes covering `pieces`, in a deadlock-free order.
@@ -765,6 +739,34 @@ impl Drop for PoolData {
             }
         }
     }
+}
+
+/// Write 4 KiB `pages` (index, bytes) of one metadata region, whose start
+/// `region_at` gives per member, to every member of the group.
+fn write_pages(
+    group: &Group,
+    region_at: impl Fn(&DeviceRegions) -> u64,
+    pages: &[(u64, Vec<u8>)],
+    durable: bool,
+    what: &str,
+) -> io::Result<()> {
+    let mut ops = Vec::new();
+    for m in &group.members {
+        for (page, bytes) in pages {
+            let mut buf = AlignedBuf::new(bytes.len());
+            buf.as_mut_slice().copy_from_slice(bytes);
+            let offset = region_at(&m.regions) + page * PAGE_BYTES;
+            ops.push((
+                Arc::clone(&m.device),
+                DeviceOp::Write {
+                    offset,
+                    buf,
+                    durable,
+                },
+            ));
+        }
+    }
+    check_all(run_all(ops), what)
 }
 
 fn page_bytes(sums: &[BlockSum], page: u64) -> Vec<u8> {
