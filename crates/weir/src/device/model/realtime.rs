@@ -29,7 +29,7 @@ use crate::bench::stats::LatencyStats;
 use crate::device::file::FileDevice;
 use crate::device::mem::MemDevice;
 use crate::device::{
-    AlignedBuf, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome,
+    run_sync, AlignedBuf, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome,
 };
 
 const LATENESS_REPORT_INTERVAL: Duration = Duration::from_secs(10);
@@ -298,10 +298,13 @@ impl Worker {
                 .as_ref()
                 .is_some_and(|log| log.tracks(length));
         if track {
-            let old = self.store_sync(DeviceOp::Read {
-                offset: target,
-                buf: AlignedBuf::new(length as usize),
-            });
+            let old = run_sync(
+                self.store.as_ref(),
+                DeviceOp::Read {
+                    offset: target,
+                    buf: AlignedBuf::new(length as usize),
+                },
+            );
             match (old.result, old.buf) {
                 (Ok(()), Some(old)) => {
                     if let Some(log) = &mut self.unflushed {
@@ -320,14 +323,6 @@ impl Worker {
         self.store.submit(op, completion);
     }
 
-    /// One store op, waited for (the power-loss bookkeeping only).
-    fn store_sync(&self, op: DeviceOp) -> Outcome {
-        let (sender, receiver) = mpsc::sync_channel(1);
-        self.store
-            .submit(op, Box::new(move |outcome| drop(sender.send(outcome))));
-        receiver.recv().expect("stores complete every op")
-    }
-
     /// Undo what the drive held unflushed, then stop answering, as a drive
     /// that lost power would.
     fn lose_power(&mut self, now: Nanos) {
@@ -336,11 +331,14 @@ impl Worker {
             for (offset, old) in log.restores() {
                 let mut buf = AlignedBuf::new(old.len());
                 buf.as_mut_slice().copy_from_slice(old);
-                let outcome = self.store_sync(DeviceOp::Write {
-                    offset,
-                    buf,
-                    durable: true,
-                });
+                let outcome = run_sync(
+                    self.store.as_ref(),
+                    DeviceOp::Write {
+                        offset,
+                        buf,
+                        durable: true,
+                    },
+                );
                 if let Err(err) = outcome.result {
                     tracing::warn!(device = self.name, offset, error = %err, "power loss: cannot undo a write");
                 }
