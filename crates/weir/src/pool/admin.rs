@@ -137,7 +137,7 @@ fn identity(text: &str) -> String {
     std::fs::canonicalize(path).map_or_else(|_| text.to_string(), |p| p.display().to_string())
 }
 
-fn random_id() -> anyhow::Result<u128> {
+pub(crate) fn random_id() -> anyhow::Result<u128> {
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -213,6 +213,7 @@ pub fn create(
             device_bytes: device.info().size_bytes,
             block_bytes: METADATA_BLOCK_BYTES,
             layout: layout.clone(),
+            resilvering: false,
         };
         write_labels(device.as_ref(), &label, &[0, 1])
             .with_context(|| format!("cannot label {text}"))?;
@@ -258,6 +259,8 @@ pub enum MemberState {
     Stale,
     /// Not found among the devices given.
     Unavail,
+    /// Joined by `pool replace`; its copy is being rebuilt.
+    Resilvering,
 }
 
 impl MemberState {
@@ -266,6 +269,7 @@ impl MemberState {
             MemberState::Online => "ONLINE",
             MemberState::Stale => "STALE",
             MemberState::Unavail => "UNAVAIL",
+            MemberState::Resilvering => "RESILVERING",
         }
     }
 }
@@ -361,7 +365,12 @@ pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
                             .with_context(|| format!("cannot repair the label of {text}"))?;
                         repaired_labels.push(text.clone());
                     }
-                    states.push((Some(text.clone()), MemberState::Online));
+                    let state = if label.resilvering {
+                        MemberState::Resilvering
+                    } else {
+                        MemberState::Online
+                    };
+                    states.push((Some(text.clone()), state));
                 }
             }
         }

@@ -188,6 +188,11 @@ impl DirtyLog {
         std::mem::take(&mut self.written)
     }
 
+    /// A flush failed: the regions it took still need a flush.
+    pub fn restore_written(&mut self, written: BTreeSet<u64>) {
+        self.written.extend(written);
+    }
+
     /// After a flush with nothing written since it started (a clean
     /// shutdown): every region without a write in flight clears.
     pub fn clear_after_final_flush(&mut self) -> Vec<u64> {

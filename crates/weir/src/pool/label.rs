@@ -6,7 +6,8 @@
 //!
 //!  label:   0 magic "WEIRLBL1" | 8 version | 12 block bytes | 16 pool id | 32 device id
 //!           48 generation | 56 device bytes | 64 group, member | 68 groups, members per group
-//!           72 name length | 73 pool name (up to 64 bytes) | 140 member ids, 16 bytes each,
+//!           72 name length | 73 pool name (up to 64 bytes) | 137 flags (bit 0: this
+//!           device is being resilvered) | 140 member ids, 16 bytes each,
 //!           group by group | 4092 crc32c of bytes 0..4092
 //! ```
 //!
@@ -21,6 +22,8 @@ pub const LABEL_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"WEIRLBL1";
 const VERSION: u32 = 1;
 const NAME_BYTES_MAX: usize = 64;
+const FLAGS_AT: usize = 137;
+const FLAG_RESILVERING: u8 = 1;
 const MEMBERS_AT: usize = 140;
 const CRC_AT: usize = LABEL_BYTES - 4;
 /// Member ids that fit between `MEMBERS_AT` and the checksum.
@@ -79,6 +82,9 @@ pub struct Label {
     pub device_bytes: u64,
     pub block_bytes: u32,
     pub layout: Layout,
+    /// This device joined by `pool replace` and its copy is not complete
+    /// yet: it must not be read, and the resilver starts over on import.
+    pub resilvering: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,6 +148,9 @@ impl Label {
         b[70..72].copy_from_slice(&(self.layout.groups[0].len() as u16).to_be_bytes());
         b[72] = name.len() as u8;
         b[73..73 + name.len()].copy_from_slice(name);
+        if self.resilvering {
+            b[FLAGS_AT] |= FLAG_RESILVERING;
+        }
         for (i, id) in self.layout.groups.iter().flatten().enumerate() {
             let at = MEMBERS_AT + i * 16;
             b[at..at + 16].copy_from_slice(&id.to_be_bytes());
@@ -174,6 +183,12 @@ impl Label {
         if name_len > NAME_BYTES_MAX {
             return Err(LabelError::Layout("pool name too long".into()));
         }
+        if b[FLAGS_AT] & !FLAG_RESILVERING != 0 {
+            return Err(LabelError::Layout(format!(
+                "unknown label flags {:#04x}",
+                b[FLAGS_AT]
+            )));
+        }
         let pool_name = String::from_utf8(b[73..73 + name_len].to_vec())
             .map_err(|_| LabelError::Layout("pool name is not UTF-8".into()))?;
         let layout = Layout {
@@ -194,6 +209,7 @@ impl Label {
             device_bytes: u64_at(56),
             block_bytes: u32_at(12),
             layout,
+            resilvering: b[FLAGS_AT] & FLAG_RESILVERING != 0,
         };
         let place = (u16_at(64) as usize, u16_at(66) as usize);
         if label.layout.place_of(label.device_id) != Some(place) {

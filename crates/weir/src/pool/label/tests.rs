@@ -11,6 +11,7 @@ fn mirror_label(device: u128, generation: u64) -> Label {
         layout: Layout {
             groups: vec![vec![11, 12], vec![21, 22]],
         },
+        resilvering: false,
     }
 }
 
@@ -21,6 +22,18 @@ fn labels_round_trip() {
     assert_eq!(bytes.len(), LABEL_BYTES);
     assert_eq!(Label::decode(&bytes).unwrap(), label);
     assert_eq!(label.layout.place_of(21), Some((1, 0)));
+}
+
+#[test]
+fn the_resilvering_flag_round_trips_and_unknown_flags_are_refused() {
+    let mut label = mirror_label(12, 3);
+    label.resilvering = true;
+    let mut bytes = label.encode().unwrap();
+    assert_eq!(Label::decode(&bytes).unwrap(), label);
+    bytes[137] |= 0x80;
+    let crc = crc32c::crc32c(&bytes[..LABEL_BYTES - 4]);
+    bytes[LABEL_BYTES - 4..].copy_from_slice(&crc.to_be_bytes());
+    assert!(matches!(Label::decode(&bytes), Err(LabelError::Layout(_))));
 }
 
 #[test]

@@ -1,0 +1,361 @@
+//! The pool's own metadata on every member: checksum pages, dirty-region
+//! log bits, and the flush that makes both durable. Recovery at open.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::sync::Arc;
+
+use super::io_ops::{read_at, run_all, write_op};
+use super::{
+    io_err, Attached, PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES, PAGE_BYTES,
+    SUMS_PER_PAGE,
+};
+use crate::device::DeviceOp;
+use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
+use crate::pool::integrity::{resolve, BlockSum, CopyState, Resolution};
+use crate::sched::IoClass;
+
+impl PoolData {
+    /// At open: make every copy of each dirty region agree, then flush.
+    pub(super) fn recover_group(&self, index: usize) -> io::Result<()> {
+        let dirty: Vec<u64> = self.groups[index]
+            .state
+            .lock()
+            .log
+            .dirty_regions()
+            .collect();
+        if !dirty.is_empty() {
+            tracing::info!(
+                pool = self.name,
+                group = index,
+                regions = dirty.len(),
+                "recovering dirty regions"
+            );
+        }
+        for chunk in dirty {
+            self.recover_chunk(index, chunk)?;
+        }
+        self.flush_group(index)
+    }
+
+    /// Make every copy of one chunk agree, block by block (integrity::resolve).
+    fn recover_chunk(&self, group_index: usize, chunk: u64) -> io::Result<()> {
+        let group = &self.groups[group_index];
+        let page = chunk * BLOCKS_PER_CHUNK / SUMS_PER_PAGE;
+        let mut copies = Vec::new();
+        for (_, member) in group.readable() {
+            let data = read_at(
+                &member,
+                IoClass::SyncWrite,
+                member.regions.data.0 + chunk * CHUNK_BYTES,
+                CHUNK_BYTES,
+            );
+            let sums = read_at(
+                &member,
+                IoClass::SyncWrite,
+                member.regions.checksums.0 + page * PAGE_BYTES,
+                PAGE_BYTES,
+            );
+            copies.push((data.ok(), sums.ok()));
+        }
+        let first_in_page = (chunk * BLOCKS_PER_CHUNK % SUMS_PER_PAGE) as usize;
+        let mut resolved = vec![0u8; CHUNK_BYTES as usize];
+        let mut state = group.state.lock();
+        for block in 0..BLOCKS_PER_CHUNK as usize {
+            let range = block * DATA_BLOCK_BYTES as usize..(block + 1) * DATA_BLOCK_BYTES as usize;
+            let states: Vec<CopyState> = copies
+                .iter()
+                .map(|(data, sums)| {
+                    let stored = sums.as_ref().map_or(BlockSum::Data(0), |s| {
+                        let at = (first_in_page + block) * CHECKSUM_ENTRY_BYTES as usize;
+                        BlockSum::decode(s.as_slice()[at..at + 8].try_into().expect("8 bytes"))
+                    });
+                    CopyState {
+                        readable: data.is_some() && sums.is_some(),
+                        stored,
+                        actual: data
+                            .as_ref()
+                            .map_or(0, |d| crc32c::crc32c(&d.as_slice()[range.clone()])),
+                    }
+                })
+                .collect();
+            let index = (chunk * BLOCKS_PER_CHUNK) as usize + block;
+            match resolve(&states) {
+                Resolution::Data { source, sum } => {
+                    let data = copies[source]
+                        .0
+                        .as_ref()
+                        .expect("resolved copies are readable");
+                    resolved[range.clone()].copy_from_slice(&data.as_slice()[range]);
+                    state.sums[index] = sum;
+                }
+                Resolution::Zero => state.sums[index] = BlockSum::Zero,
+                Resolution::Unreadable => {
+                    return Err(io_err(format!(
+                        "{}: chunk {chunk}: no copy readable",
+                        self.name
+                    )))
+                }
+            }
+            state.dirty_pages.insert(index as u64 / SUMS_PER_PAGE);
+        }
+        drop(state);
+        let writes: Vec<_> = group
+            .writable()
+            .into_iter()
+            .map(|(m, member)| {
+                let op = write_op(
+                    member.regions.data.0 + chunk * CHUNK_BYTES,
+                    &resolved,
+                    false,
+                );
+                (m, (member, IoClass::SyncWrite, op))
+            })
+            .collect();
+        let (members, ops): (Vec<usize>, Vec<_>) = writes.into_iter().unzip();
+        let results = members
+            .into_iter()
+            .zip(run_all(ops).into_iter().map(|o| o.result))
+            .collect();
+        self.settle_writes(group_index, results, "recovery write")
+    }
+
+    /// Persist changed checksum pages, flush every member, clear quiet regions.
+    pub(super) fn flush_group(&self, group_index: usize) -> io::Result<()> {
+        let group = &self.groups[group_index];
+        let _io = group.metadata_io.lock();
+        let (covered, pages) = {
+            let mut state = group.state.lock();
+            let covered = state.log.start_flush();
+            let pages: Vec<(u64, Vec<u8>)> = std::mem::take(&mut state.dirty_pages)
+                .into_iter()
+                .map(|page| (page, page_bytes(&state.sums, page)))
+                .collect();
+            (covered, pages)
+        };
+        let persisted = self
+            .write_pages(group_index, |r| r.checksums.0, &pages, "checksum write")
+            .and_then(|()| {
+                let members = group.writable();
+                let ops = members
+                    .iter()
+                    .map(|(_, a)| (Arc::clone(a), IoClass::SyncWrite, DeviceOp::Flush))
+                    .collect();
+                let results = members
+                    .iter()
+                    .map(|(m, _)| *m)
+                    .zip(run_all(ops).into_iter().map(|o| o.result))
+                    .collect();
+                self.settle_writes(group_index, results, "flush")
+            });
+        if let Err(err) = persisted {
+            // Nothing was cleared: the next flush writes these pages again.
+            let mut state = group.state.lock();
+            state.dirty_pages.extend(pages.iter().map(|(p, _)| *p));
+            state.log.restore_written(covered);
+            return Err(err);
+        }
+        let cleared = group.state.lock().log.after_flush(&covered);
+        if !cleared.is_empty() {
+            // Losing a clear only means an extra recovery: no durability needed.
+            self.write_log_images(group_index, &cleared, false)?;
+        }
+        Ok(())
+    }
+
+    /// At a clean close: flush, then clear every quiet region's bit.
+    pub(super) fn close_group(&self, group_index: usize) -> io::Result<()> {
+        self.flush_group(group_index)?;
+        let group = &self.groups[group_index];
+        let _io = group.metadata_io.lock();
+        let cleared = group.state.lock().log.clear_after_final_flush();
+        if cleared.is_empty() {
+            Ok(())
+        } else {
+            self.write_log_images(group_index, &cleared, true)
+        }
+    }
+
+    pub(super) fn flush_all(&self) -> io::Result<()> {
+        for index in 0..self.groups.len() {
+            self.flush_group(index)?;
+        }
+        Ok(())
+    }
+
+    /// Write the log blocks holding `regions`' bits to every writable member.
+    pub(super) fn write_log_bits(
+        &self,
+        group_index: usize,
+        regions: &[u64],
+        durable: bool,
+    ) -> io::Result<()> {
+        let _io = self.groups[group_index].metadata_io.lock();
+        self.write_log_images(group_index, regions, durable)
+    }
+
+    /// `write_log_bits` with the group's metadata lock already held.
+    fn write_log_images(
+        &self,
+        group_index: usize,
+        regions: &[u64],
+        durable: bool,
+    ) -> io::Result<()> {
+        let group = &self.groups[group_index];
+        let blocks: BTreeSet<u64> = regions.iter().map(|r| r / (PAGE_BYTES * 8)).collect();
+        let images: Vec<(u64, Vec<u8>)> = {
+            let state = group.state.lock();
+            blocks
+                .iter()
+                .map(|&block| {
+                    let mut bytes = vec![0u8; PAGE_BYTES as usize];
+                    for bit in 0..PAGE_BYTES * 8 {
+                        if state.log.is_dirty(block * PAGE_BYTES * 8 + bit) {
+                            bytes[(bit / 8) as usize] |= 1 << (bit % 8);
+                        }
+                    }
+                    (block, bytes)
+                })
+                .collect()
+        };
+        let kind = if durable {
+            IoClass::SyncWrite
+        } else {
+            IoClass::AsyncWrite
+        };
+        self.write_pages_as(
+            group_index,
+            |r| r.dirty_log.0,
+            &images,
+            durable,
+            kind,
+            "dirty log write",
+        )
+    }
+
+    /// Give a member that joins the group every metadata page: the whole
+    /// log and every checksum page (through the next flush).
+    pub(super) fn copy_metadata(&self, group_index: usize) -> io::Result<()> {
+        let group = &self.groups[group_index];
+        {
+            let _io = group.metadata_io.lock();
+            let log_regions: Vec<u64> = (0..self.stripe.chunks_per_group)
+                .step_by((PAGE_BYTES * 8) as usize)
+                .collect();
+            self.write_log_images(group_index, &log_regions, true)?;
+            let mut state = group.state.lock();
+            let pages = (state.sums.len() as u64).div_ceil(SUMS_PER_PAGE);
+            state.dirty_pages.extend(0..pages);
+        }
+        self.flush_group(group_index)
+    }
+
+    /// Write 4 KiB `pages` (index, bytes) of one metadata region, whose start
+    /// `region_at` gives per member, to every writable member of the group.
+    fn write_pages(
+        &self,
+        group_index: usize,
+        region_at: impl Fn(&DeviceRegions) -> u64,
+        pages: &[(u64, Vec<u8>)],
+        what: &str,
+    ) -> io::Result<()> {
+        self.write_pages_as(
+            group_index,
+            region_at,
+            pages,
+            false,
+            IoClass::SyncWrite,
+            what,
+        )
+    }
+
+    fn write_pages_as(
+        &self,
+        group_index: usize,
+        region_at: impl Fn(&DeviceRegions) -> u64,
+        pages: &[(u64, Vec<u8>)],
+        durable: bool,
+        class: IoClass,
+        what: &str,
+    ) -> io::Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let members = self.groups[group_index].writable();
+        let mut ops = Vec::new();
+        let mut owners = Vec::new();
+        for (m, member) in &members {
+            for (page, bytes) in pages {
+                let offset = region_at(&member.regions) + page * PAGE_BYTES;
+                ops.push((Arc::clone(member), class, write_op(offset, bytes, durable)));
+                owners.push(*m);
+            }
+        }
+        let outcomes = run_all(ops);
+        // One result per member: its first failure, if any.
+        let mut results: Vec<(usize, io::Result<()>)> =
+            members.iter().map(|(m, _)| (*m, Ok(()))).collect();
+        for (owner, outcome) in owners.into_iter().zip(outcomes) {
+            if let Err(err) = outcome.result {
+                let slot = results
+                    .iter_mut()
+                    .find(|(m, _)| *m == owner)
+                    .expect("every owner is a member");
+                if slot.1.is_ok() {
+                    slot.1 = Err(err);
+                }
+            }
+        }
+        self.settle_writes(group_index, results, what)
+    }
+}
+
+fn page_bytes(sums: &[BlockSum], page: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; PAGE_BYTES as usize];
+    let first = (page * SUMS_PER_PAGE) as usize;
+    for (i, sum) in sums
+        .iter()
+        .skip(first)
+        .take(SUMS_PER_PAGE as usize)
+        .enumerate()
+    {
+        bytes[i * 8..i * 8 + 8].copy_from_slice(&sum.encode());
+    }
+    bytes
+}
+
+/// Checksums of the group's blocks, from the first member that reads.
+pub(super) fn load_sums(
+    members: &[(usize, Arc<Attached>)],
+    blocks: usize,
+) -> io::Result<Vec<BlockSum>> {
+    let bytes = (blocks as u64 * CHECKSUM_ENTRY_BYTES).next_multiple_of(PAGE_BYTES);
+    let mut last_err = io_err("no member holds a complete copy".into());
+    for (_, member) in members {
+        match read_at(member, IoClass::SyncRead, member.regions.checksums.0, bytes) {
+            Ok(buf) => {
+                return Ok(buf.as_slice()[..blocks * 8]
+                    .chunks(8)
+                    .map(|c| BlockSum::decode(c.try_into().expect("8 bytes")))
+                    .collect())
+            }
+            Err(err) => last_err = err,
+        }
+    }
+    Err(last_err)
+}
+
+/// Regions any member marks dirty.
+pub(super) fn load_dirty(members: &[(usize, Arc<Attached>)], chunks: u64) -> io::Result<Vec<u64>> {
+    let bytes = chunks.div_ceil(8).next_multiple_of(PAGE_BYTES);
+    let mut dirty = BTreeSet::new();
+    for (_, member) in members {
+        let buf = read_at(member, IoClass::SyncRead, member.regions.dirty_log.0, bytes)?;
+        for chunk in 0..chunks {
+            if buf.as_slice()[(chunk / 8) as usize] & (1 << (chunk % 8)) != 0 {
+                dirty.insert(chunk);
+            }
+        }
+    }
+    Ok(dirty.into_iter().collect())
+}

@@ -1,0 +1,287 @@
+//! Serving volumes from a pool: mirrored writes, checksummed reads that heal
+//! a bad copy from a good one, the dirty-region log that makes a crash
+//! recoverable (docs/on-disk.md), and members that fail and are replaced.
+//!
+//! ```text
+//!  PoolVolume (a Store, volume.rs) ──> PoolData: groups striped by 1 MiB chunk
+//!     write.rs:    lock chunks ─> log bits durable (new regions) ─> data to every
+//!                  writable member ─> checksums in memory (persisted at FLUSH / FUA)
+//!     read.rs:     lock chunks shared ─> one ONLINE member ─> verify every 4 KiB
+//!                  block ─> a bad block comes from another copy and is rewritten;
+//!                  an EIO is narrowed by halving; no good copy: EIO
+//!     metadata.rs: checksum pages, log bits, flush; recovery at open
+//!     health.rs:   per-member state and error counters; a write error faults
+//!                  the member (labels of the others move to a new generation)
+//!     repair.rs:   scrub one chunk; replace a member and resilver onto it
+//!     status.rs:   `pool status` and /metrics, live
+//! ```
+//!
+//! Every device I/O goes through the member's `sched::DeviceQueue` tagged
+//! with its class. Ops run on the pool's worker threads, which wait on the
+//! member devices; a clean read runs on the caller's thread instead.
+
+mod health;
+mod io_ops;
+mod metadata;
+mod read;
+mod repair;
+mod status;
+mod volume;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::admin::{Imported, MemberState};
+use super::geometry::{DeviceRegions, Stripe, CHECKSUM_ENTRY_BYTES, CHUNK_BYTES, DATA_BLOCK_BYTES};
+use super::integrity::{BlockSum, DirtyLog};
+use super::label::Label;
+use crate::device::workers::Workers;
+use crate::device::Device;
+use crate::sched::DeviceQueue;
+
+pub use health::Health;
+pub use repair::ScrubResult;
+pub use volume::PoolVolume;
+
+/// Threads per pool that run ops. Each waits on the devices for its op, so
+/// this bounds the pool's queue depth: clients commonly keep 32 in flight.
+const WORKER_THREADS: usize = 64;
+const LOCK_STRIPES: usize = 1024;
+const PAGE_BYTES: u64 = 4096;
+/// Checksum entries per 4 KiB page of the checksum region.
+const SUMS_PER_PAGE: u64 = PAGE_BYTES / CHECKSUM_ENTRY_BYTES;
+const BLOCKS_PER_CHUNK: u64 = CHUNK_BYTES / DATA_BLOCK_BYTES;
+
+/// A member's device, opened, with where its regions are.
+struct Attached {
+    queue: DeviceQueue,
+    regions: DeviceRegions,
+}
+
+impl Attached {
+    fn new(device: Arc<dyn Device>) -> io::Result<Arc<Attached>> {
+        let regions = DeviceRegions::plan(device.info().size_bytes)
+            .ok_or_else(|| io_err("a member is too small for the pool format".into()))?;
+        Ok(Arc::new(Attached {
+            queue: DeviceQueue::new(device),
+            regions,
+        }))
+    }
+
+    fn device(&self) -> &dyn Device {
+        self.queue.device().as_ref()
+    }
+}
+
+/// Counters of one member since the pool was opened.
+#[derive(Default)]
+struct MemberCounters {
+    reads: AtomicU64,
+    read_errors: AtomicU64,
+    write_errors: AtomicU64,
+    checksum_errors: AtomicU64,
+    /// Blocks of this member rewritten from another copy.
+    repaired: AtomicU64,
+}
+
+/// One place in a mirror group, and the device (if any) that fills it.
+struct Slot {
+    /// How the device was named (its registry entry), for status and replace.
+    spec: RwLock<String>,
+    attached: RwLock<Option<Arc<Attached>>>,
+    health: std::sync::atomic::AtomicU8,
+    counters: MemberCounters,
+    /// While resilvering: chunks below this are copied.
+    resilvered_chunks: AtomicU64,
+    resilver_started: Mutex<Option<std::time::Instant>>,
+}
+
+struct GroupState {
+    /// One entry per 4 KiB block of the group's data region.
+    sums: Vec<BlockSum>,
+    /// Checksum pages changed since they were last written.
+    dirty_pages: BTreeSet<u64>,
+    log: DirtyLog,
+}
+
+struct Group {
+    slots: Vec<Slot>,
+    state: Mutex<GroupState>,
+    /// Held while metadata pages are computed and written, so that an older
+    /// image of a page never lands after a newer one.
+    metadata_io: Mutex<()>,
+}
+
+/// One pool, opened: every volume of it shares this.
+pub struct PoolData {
+    name: String,
+    groups: Vec<Group>,
+    stripe: Stripe,
+    locks: Vec<Arc<RwLock<()>>>,
+    repairs: AtomicU64,
+    rotational: bool,
+    workers: Workers,
+    /// The pool's label as its current members carry it (per-device fields
+    /// aside). Held across fault and replace, which change it.
+    config: Mutex<Label>,
+    /// Set when the pool closes: background work stops at its next step.
+    closing: AtomicBool,
+}
+
+fn io_err(what: String) -> io::Error {
+    io::Error::other(what)
+}
+
+fn eio() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
+impl PoolData {
+    /// Open a pool whose every group has a complete copy: load checksums and
+    /// logs, recover dirty regions. Missing and stale members start FAULTED.
+    pub fn open(pool: &Imported) -> io::Result<Arc<PoolData>> {
+        Self::open_with_workers(pool, WORKER_THREADS)
+    }
+
+    pub(crate) fn open_with_workers(pool: &Imported, workers: usize) -> io::Result<Arc<PoolData>> {
+        if pool.state() == "UNAVAIL" {
+            return Err(io_err(format!(
+                "pool {:?} is UNAVAIL: a mirror group has no complete copy",
+                pool.label.pool_name
+            )));
+        }
+        let mut groups = Vec::new();
+        let mut chunks_per_group = u64::MAX;
+        for (g, devices) in pool.devices.iter().enumerate() {
+            let mut slots = Vec::new();
+            for (m, device) in devices.iter().enumerate() {
+                let (spec, state) = &pool.members[g][m];
+                let (attached, health) = match (device, state) {
+                    (Some(device), MemberState::Online) => {
+                        (Some(Attached::new(Arc::clone(device))?), Health::Online)
+                    }
+                    (Some(device), MemberState::Resilvering) => (
+                        Some(Attached::new(Arc::clone(device))?),
+                        Health::Resilvering,
+                    ),
+                    _ => (None, Health::Faulted),
+                };
+                if let Some(a) = &attached {
+                    chunks_per_group = chunks_per_group.min(a.regions.data_chunks());
+                }
+                slots.push(Slot {
+                    spec: RwLock::new(spec.clone().unwrap_or_else(|| {
+                        format!("(missing: {:032x})", pool.label.layout.groups[g][m])
+                    })),
+                    attached: RwLock::new(attached),
+                    health: std::sync::atomic::AtomicU8::new(health as u8),
+                    counters: MemberCounters::default(),
+                    resilvered_chunks: AtomicU64::new(0),
+                    resilver_started: Mutex::new(None),
+                });
+            }
+            groups.push(slots);
+        }
+        let stripe = Stripe {
+            groups: groups.len(),
+            chunks_per_group,
+        };
+        let blocks = (chunks_per_group * BLOCKS_PER_CHUNK) as usize;
+        let mut opened = Vec::new();
+        for slots in groups {
+            let mut group = Group {
+                slots,
+                state: Mutex::new(GroupState {
+                    sums: Vec::new(),
+                    dirty_pages: BTreeSet::new(),
+                    log: DirtyLog::default(),
+                }),
+                metadata_io: Mutex::new(()),
+            };
+            let sums = metadata::load_sums(&group.readable(), blocks)?;
+            let dirty = metadata::load_dirty(&group.readable(), chunks_per_group)?;
+            *group.state.get_mut() = GroupState {
+                sums,
+                dirty_pages: BTreeSet::new(),
+                log: DirtyLog::from_disk(dirty),
+            };
+            opened.push(group);
+        }
+        let rotational = opened
+            .iter()
+            .flat_map(|g| g.writable())
+            .any(|(_, a)| a.device().info().rotational);
+        let data = Arc::new(PoolData {
+            name: pool.label.pool_name.clone(),
+            groups: opened,
+            stripe,
+            locks: (0..LOCK_STRIPES)
+                .map(|_| Arc::new(RwLock::new(())))
+                .collect(),
+            repairs: AtomicU64::new(0),
+            rotational,
+            workers: Workers::start("weir-pool", workers)?,
+            config: Mutex::new(pool.label.clone()),
+            closing: AtomicBool::new(false),
+        });
+        for index in 0..data.groups.len() {
+            data.recover_group(index)?;
+        }
+        Ok(data)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Blocks rewritten from a good copy since the pool was opened.
+    pub fn repairs(&self) -> u64 {
+        self.repairs.load(Ordering::Relaxed)
+    }
+
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+
+    pub fn chunks_per_group(&self) -> u64 {
+        self.stripe.chunks_per_group
+    }
+
+    pub fn data_bytes_per_group(&self) -> u64 {
+        self.stripe.chunks_per_group * CHUNK_BYTES
+    }
+
+    /// The lock stripe of one chunk of one group.
+    fn stripe_of(&self, group: usize, chunk: u64) -> usize {
+        ((chunk as usize) * self.stripe.groups + group) % LOCK_STRIPES
+    }
+
+    /// Stop background work (scrub, resilver) at its next step.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for PoolData {
+    /// A clean close: flush, then clear the dirty-region log, so that the
+    /// next open has nothing to recover.
+    fn drop(&mut self) {
+        for index in 0..self.groups.len() {
+            if let Err(err) = self.close_group(index) {
+                tracing::warn!(pool = self.name, error = %err, "unclean close: the next open recovers");
+            }
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Reads: one complete copy, every block verified; a bad block is served
+//! from another copy and rewritten on the bad one.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::io_ops::{read_at, run_one, write_op};
+use super::{eio, Attached, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
+use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
+use crate::pool::geometry::Piece;
+use crate::pool::integrity::BlockSum;
+use crate::sched::IoClass;
+
+/// The class of the rewrite that heals what a read of `class` found.
+fn repair_class(class: IoClass) -> IoClass {
+    match class {
+        IoClass::Scrub | IoClass::Resilver => class,
+        _ => IoClass::SyncWrite,
+    }
+}
+
+impl PoolData {
+    pub(super) fn read(&self, logical: u64, out: &mut [u8], class: IoClass) -> io::Result<bool> {
+        let pieces = self.stripe.map(logical, out.len() as u64);
+        let stripes = self.stripes(&pieces);
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].read()).collect();
+        let mut all_zero = true;
+        for piece in &pieces {
+            let target =
+                &mut out[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
+            all_zero &= self.read_piece(piece, target, class)?;
+        }
+        Ok(all_zero)
+    }
+
+    /// Fill `out` with the piece's verified data; true if it is all zero
+    /// blocks. The caller holds the piece's chunk lock.
+    pub(super) fn read_piece(
+        &self,
+        piece: &Piece,
+        out: &mut [u8],
+        class: IoClass,
+    ) -> io::Result<bool> {
+        let group = &self.groups[piece.group];
+        let first = piece.data_offset / DATA_BLOCK_BYTES;
+        let sums: Vec<BlockSum> = {
+            let state = group.state.lock();
+            state.sums[first as usize..(first + piece.length / DATA_BLOCK_BYTES) as usize].to_vec()
+        };
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            out.fill(0);
+            return Ok(true);
+        }
+        let readable = group.readable();
+        if readable.is_empty() {
+            return Err(eio());
+        }
+        // Spread reads over the copies by chunk, so a sequential reader uses all.
+        let preferred = (piece.data_offset / CHUNK_BYTES) as usize % readable.len();
+        let (member_index, member) = &readable[preferred];
+        let slot = &group.slots[*member_index];
+        slot.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let mut read_ok = vec![false; sums.len()];
+        self.read_narrowed(
+            piece.group,
+            *member_index,
+            member,
+            class,
+            member.regions.data.0 + piece.data_offset,
+            out,
+            &mut read_ok,
+        );
+        for (i, sum) in sums.iter().enumerate() {
+            let range = i * DATA_BLOCK_BYTES as usize..(i + 1) * DATA_BLOCK_BYTES as usize;
+            if *sum == BlockSum::Zero {
+                out[range].fill(0);
+                continue;
+            }
+            if read_ok[i] && sum.verifies(&out[range.clone()]) {
+                continue;
+            }
+            if read_ok[i] {
+                slot.counters
+                    .checksum_errors
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            // This copy failed (EIO or checksum): try the others, heal it.
+            let block_offset = piece.data_offset + (i as u64) * DATA_BLOCK_BYTES;
+            let good = (1..readable.len())
+                .map(|step| &readable[(preferred + step) % readable.len()])
+                .find_map(|(other_index, other)| {
+                    let offset = other.regions.data.0 + block_offset;
+                    match read_at(other, class, offset, DATA_BLOCK_BYTES) {
+                        Ok(block) if sum.verifies(block.as_slice()) => Some(block),
+                        Ok(_) => {
+                            let counters = &group.slots[*other_index].counters;
+                            counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                        Err(err) => {
+                            self.note_read_error(piece.group, *other_index, &err);
+                            None
+                        }
+                    }
+                });
+            let Some(good) = good else {
+                return Err(eio());
+            };
+            out[range].copy_from_slice(good.as_slice());
+            let healed = run_one(
+                member,
+                repair_class(class),
+                write_op(member.regions.data.0 + block_offset, good.as_slice(), true),
+            );
+            match healed.result {
+                Ok(()) => {
+                    slot.counters.repaired.fetch_add(1, Ordering::Relaxed);
+                    self.repairs.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        pool = self.name,
+                        group = piece.group,
+                        member = member_index,
+                        block_offset,
+                        "repaired a bad block from another copy"
+                    );
+                }
+                Err(err) => {
+                    self.note_write_error(piece.group, *member_index, &err);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Read `out.len()` bytes at `offset` of one member. An error is
+    /// narrowed by halving down to single blocks, so that only blocks that
+    /// really fail are marked (`read_ok[i]` false) and repaired.
+    #[allow(clippy::too_many_arguments)]
+    fn read_narrowed(
+        &self,
+        group: usize,
+        member_index: usize,
+        member: &Arc<Attached>,
+        class: IoClass,
+        offset: u64,
+        out: &mut [u8],
+        read_ok: &mut [bool],
+    ) {
+        match read_at(member, class, offset, out.len() as u64) {
+            Ok(buf) => {
+                out.copy_from_slice(buf.as_slice());
+                read_ok.fill(true);
+            }
+            Err(err) if read_ok.len() == 1 => self.note_read_error(group, member_index, &err),
+            Err(_) => {
+                let half = read_ok.len() / 2;
+                let (out_a, out_b) = out.split_at_mut(half * DATA_BLOCK_BYTES as usize);
+                let (ok_a, ok_b) = read_ok.split_at_mut(half);
+                self.read_narrowed(group, member_index, member, class, offset, out_a, ok_a);
+                let offset_b = offset + half as u64 * DATA_BLOCK_BYTES;
+                self.read_narrowed(group, member_index, member, class, offset_b, out_b, ok_b);
+            }
+        }
+    }
+
+    /// The common read without a worker thread: one piece, its chunk lock
+    /// free, the device read submitted from the caller's thread and
+    /// verified in its completion. Anything else (a lock held, a bad block,
+    /// an error) goes back to the caller for the worker path.
+    pub(super) fn read_fast(
+        self: &Arc<Self>,
+        logical: u64,
+        buf: AlignedBuf,
+        done: Completion,
+    ) -> Result<(), (AlignedBuf, Completion)> {
+        let pieces = self.stripe.map(logical, buf.len() as u64);
+        let [piece] = pieces[..] else {
+            return Err((buf, done));
+        };
+        let mut guards = Vec::new();
+        for stripe in self.stripes(&pieces) {
+            match self.locks[stripe].try_read_arc() {
+                Some(guard) => guards.push(guard),
+                None => return Err((buf, done)),
+            }
+        }
+        let group = &self.groups[piece.group];
+        let first = (piece.data_offset / DATA_BLOCK_BYTES) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + buf.len() / DATA_BLOCK_BYTES as usize].to_vec();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            let mut buf = buf;
+            buf.as_mut_slice().fill(0);
+            drop(guards);
+            done(Outcome {
+                result: Ok(()),
+                buf: Some(buf),
+                hole: true,
+            });
+            return Ok(());
+        }
+        let readable = group.readable();
+        if readable.is_empty() {
+            return Err((buf, done));
+        }
+        let (member_index, member) =
+            &readable[(piece.data_offset / CHUNK_BYTES) as usize % readable.len()];
+        group.slots[*member_index]
+            .counters
+            .reads
+            .fetch_add(1, Ordering::Relaxed);
+        let offset = member.regions.data.0 + piece.data_offset;
+        let pool = Arc::clone(self);
+        member.queue.submit(
+            IoClass::SyncRead,
+            DeviceOp::Read { offset, buf },
+            Box::new(move |mut outcome: Outcome| {
+                drop(guards);
+                let verified = outcome.result.is_ok()
+                    && outcome.buf.as_mut().is_some_and(|buf| {
+                        buf.as_mut_slice()
+                            .chunks_mut(DATA_BLOCK_BYTES as usize)
+                            .zip(&sums)
+                            .all(|(block, sum)| match sum {
+                                BlockSum::Zero => {
+                                    block.fill(0);
+                                    true
+                                }
+                                BlockSum::Data(_) => sum.verifies(block),
+                            })
+                    });
+                if verified {
+                    drop(pool);
+                    return done(outcome);
+                }
+                // A bad copy or an error: the worker path reads, heals, answers.
+                let buf = outcome
+                    .buf
+                    .take()
+                    .unwrap_or_else(|| AlignedBuf::new(piece.length as usize));
+                let workers_pool = Arc::clone(&pool);
+                drop(pool);
+                let job_pool = Arc::clone(&workers_pool);
+                workers_pool.workers.run(Box::new(move || {
+                    let outcome = job_pool.read_outcome(logical, buf, IoClass::SyncRead);
+                    drop(job_pool);
+                    done(outcome)
+                }));
+            }),
+        );
+        Ok(())
+    }
+
+    pub(super) fn read_outcome(
+        &self,
+        logical: u64,
+        mut buf: AlignedBuf,
+        class: IoClass,
+    ) -> Outcome {
+        match self.read(logical, buf.as_mut_slice(), class) {
+            Ok(hole) => Outcome {
+                result: Ok(()),
+                buf: Some(buf),
+                hole,
+            },
+            Err(err) => Outcome::done(Err(err)),
+        }
+    }
+}

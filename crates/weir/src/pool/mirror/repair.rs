@@ -1,0 +1,329 @@
+//! Background repair: scrubbing a chunk (every copy read and verified), and
+//! replacing a member, whose copy is then rebuilt chunk by chunk in LBA
+//! order (resilver) while the pool keeps serving.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use super::io_ops::{read_at, run_all, run_one, write_op};
+use super::{io_err, Attached, Health, PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES};
+use crate::device::{AlignedBuf, Device, DeviceOp};
+use crate::pool::geometry::{Piece, VOLUME_TABLE_BYTES};
+use crate::pool::integrity::BlockSum;
+use crate::sched::IoClass;
+
+/// What scrubbing one chunk found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubResult {
+    /// Bytes read from all copies.
+    pub bytes_read: u64,
+    /// Bad block copies rewritten from a good copy.
+    pub repaired: u64,
+    /// Blocks with no good copy left.
+    pub unrecoverable: u64,
+}
+
+impl PoolData {
+    /// Read every allocated block of every complete copy of one chunk,
+    /// verify it, and rewrite bad copies from a good one. Chunks that hold
+    /// no data cost no I/O.
+    pub fn scrub_chunk(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        let group = &self.groups[group_index];
+        let _guard = self.locks[self.stripe_of(group_index, chunk)].write();
+        let first = (chunk * BLOCKS_PER_CHUNK) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + BLOCKS_PER_CHUNK as usize].to_vec();
+        let mut result = ScrubResult::default();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            return Ok(result);
+        }
+        let members = group.readable();
+        let ops = members
+            .iter()
+            .map(|(_, m)| {
+                let op = DeviceOp::Read {
+                    offset: m.regions.data.0 + chunk * CHUNK_BYTES,
+                    buf: AlignedBuf::new(CHUNK_BYTES as usize),
+                };
+                (Arc::clone(m), IoClass::Scrub, op)
+            })
+            .collect();
+        let copies: Vec<Option<AlignedBuf>> = run_all(ops)
+            .into_iter()
+            .zip(&members)
+            .map(|(o, (m, _))| match o.result {
+                Ok(()) => o.buf,
+                Err(err) => {
+                    self.note_read_error(group_index, *m, &err);
+                    None
+                }
+            })
+            .collect();
+        result.bytes_read = copies.iter().flatten().count() as u64 * CHUNK_BYTES;
+        for (block, sum) in sums.iter().enumerate() {
+            if *sum == BlockSum::Zero {
+                continue;
+            }
+            let range = block * DATA_BLOCK_BYTES as usize..(block + 1) * DATA_BLOCK_BYTES as usize;
+            let good: Vec<bool> = copies
+                .iter()
+                .map(|c| {
+                    c.as_ref()
+                        .is_some_and(|c| sum.verifies(&c.as_slice()[range.clone()]))
+                })
+                .collect();
+            let Some(source) = good.iter().position(|g| *g) else {
+                result.unrecoverable += 1;
+                continue;
+            };
+            let data = copies[source]
+                .as_ref()
+                .expect("good copies were read")
+                .as_slice()[range.clone()]
+            .to_vec();
+            for (index, ok) in good.iter().enumerate() {
+                if *ok {
+                    continue;
+                }
+                let (member_index, member) = &members[index];
+                let counters = &group.slots[*member_index].counters;
+                if copies[index].is_some() {
+                    counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let offset = member.regions.data.0 + chunk * CHUNK_BYTES + range.start as u64;
+                let outcome = run_one(member, IoClass::Scrub, write_op(offset, &data, true));
+                match outcome.result {
+                    Ok(()) => {
+                        result.repaired += 1;
+                        counters.repaired.fetch_add(1, Ordering::Relaxed);
+                        self.repairs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(err) => {
+                        self.note_write_error(group_index, *member_index, &err);
+                    }
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    /// Where a member sits, by the name it was given (its device spec) or
+    /// its device id in hex.
+    pub fn find_member(&self, name: &str) -> Option<(usize, usize)> {
+        let config = self.config.lock();
+        self.groups.iter().enumerate().find_map(|(g, group)| {
+            group.slots.iter().enumerate().find_map(|(m, slot)| {
+                let id = format!("{:032x}", config.layout.groups[g][m]);
+                (*slot.spec.read() == name || id == name).then_some((g, m))
+            })
+        })
+    }
+
+    /// The device id of every member, by the names they were given.
+    pub fn member_specs(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.slots.iter().map(|s| s.spec.read().clone()))
+            .collect()
+    }
+
+    /// Put `device` in the place of member (`group`, `member`): the old one
+    /// is faulted, the new one gets a label and the pool's metadata, and a
+    /// resilver copies the data onto it in the background.
+    pub fn replace(
+        self: &Arc<Self>,
+        group: usize,
+        member: usize,
+        device: Arc<dyn Device>,
+        spec: &str,
+        new_id: u128,
+    ) -> io::Result<()> {
+        let attached = Attached::new(device)?;
+        if attached.regions.data_chunks() < self.stripe.chunks_per_group {
+            return Err(io_err(format!(
+                "{spec} is too small: it holds {} MiB of data, the group needs {} MiB",
+                attached.regions.data_chunks(),
+                self.stripe.chunks_per_group
+            )));
+        }
+        let source = self.groups[group]
+            .readable()
+            .into_iter()
+            .find(|(m, _)| *m != member)
+            .ok_or_else(|| {
+                io_err("the member holds its group's only complete copy; add another first".into())
+            })?;
+        {
+            let mut config = self.config.lock();
+            let slot = &self.groups[group].slots[member];
+            slot.set_health(Health::Faulted);
+            *slot.attached.write() = Some(Arc::clone(&attached));
+            *slot.spec.write() = spec.to_string();
+            slot.resilvered_chunks.store(0, Ordering::SeqCst);
+            *slot.resilver_started.lock() = Some(Instant::now());
+            config.layout.groups[group][member] = new_id;
+            config.generation += 1;
+            slot.set_health(Health::Resilvering);
+            if let Err(err) = self.write_member_labels(&config) {
+                slot.set_health(Health::Faulted);
+                return Err(io::Error::new(
+                    err.kind(),
+                    format!("cannot label the new member: {err}"),
+                ));
+            }
+            tracing::info!(
+                pool = self.name,
+                group,
+                member,
+                device = spec,
+                generation = config.generation,
+                "replacing a member: resilver starts"
+            );
+        }
+        // The volume table, then every metadata page, before any data.
+        let table = read_at(
+            &source.1,
+            IoClass::Resilver,
+            source.1.regions.volume_table.0,
+            VOLUME_TABLE_BYTES,
+        )?;
+        let op = write_op(attached.regions.volume_table.0, table.as_slice(), true);
+        let written = run_one(&attached, IoClass::Resilver, op).result;
+        let copied = written.and_then(|()| self.copy_metadata(group));
+        if let Err(err) = copied {
+            self.fault(group, member, &format!("cannot copy metadata: {err}"));
+            return Err(err);
+        }
+        self.spawn_resilver(group, member);
+        Ok(())
+    }
+
+    /// Start a resilver for every member that needs one (after an import
+    /// that found a replacement unfinished, it starts over).
+    pub fn start_resilvers(self: &Arc<Self>) {
+        for (g, group) in self.groups.iter().enumerate() {
+            for (m, slot) in group.slots.iter().enumerate() {
+                if slot.health() == Health::Resilvering {
+                    *slot.resilver_started.lock() = Some(Instant::now());
+                    self.spawn_resilver(g, m);
+                }
+            }
+        }
+    }
+
+    fn spawn_resilver(self: &Arc<Self>, group: usize, member: usize) {
+        let pool = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name(format!("weir-resilver-{group}-{member}"))
+            .spawn(move || resilver(pool, group, member));
+        if let Err(err) = spawned {
+            tracing::error!(pool = self.name, error = %err, "cannot start the resilver");
+        }
+    }
+
+    /// Copy one chunk onto a resilvering member from the complete copies.
+    fn resilver_chunk(&self, group: usize, member: usize, chunk: u64) -> io::Result<()> {
+        let _guard = self.locks[self.stripe_of(group, chunk)].write();
+        let piece = Piece {
+            group,
+            data_offset: chunk * CHUNK_BYTES,
+            length: CHUNK_BYTES,
+            range_offset: 0,
+        };
+        let mut data = vec![0u8; CHUNK_BYTES as usize];
+        match self.read_piece(&piece, &mut data, IoClass::Resilver) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            // A block with no good copy anywhere: the new copy fails its
+            // checksum there too, so reads of it keep returning EIO.
+            Err(err) => tracing::error!(
+                pool = self.name,
+                group,
+                chunk,
+                error = %err,
+                "resilver: a block of this chunk has no good copy"
+            ),
+        }
+        let slot = &self.groups[group].slots[member];
+        let Some(target) = slot.attached() else {
+            return Err(io_err("the member was detached".into()));
+        };
+        let op = write_op(target.regions.data.0 + chunk * CHUNK_BYTES, &data, false);
+        let outcome = run_one(&target, IoClass::Resilver, op);
+        if let Err(err) = outcome.result {
+            self.note_write_error(group, member, &err);
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// The copy is whole: make it durable, then read from it.
+    fn finish_resilver(&self, group: usize, member: usize) -> io::Result<()> {
+        self.flush_group(group)?;
+        let mut config = self.config.lock();
+        let slot = &self.groups[group].slots[member];
+        if slot.health() != Health::Resilvering {
+            return Err(io_err("the member left resilvering".into()));
+        }
+        slot.set_health(Health::Online);
+        config.generation += 1;
+        self.write_member_labels(&config)?;
+        let seconds = slot
+            .resilver_started
+            .lock()
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        tracing::info!(
+            pool = self.name,
+            group,
+            member,
+            seconds,
+            "resilver complete: the member is ONLINE"
+        );
+        Ok(())
+    }
+
+    /// (chunks copied, chunks in all) of a resilvering member.
+    pub(super) fn resilver_progress(&self, group: usize, member: usize) -> (u64, u64) {
+        let slot = &self.groups[group].slots[member];
+        (
+            slot.resilvered_chunks.load(Ordering::Relaxed),
+            self.stripe.chunks_per_group,
+        )
+    }
+}
+
+/// The resilver of one member, chunk by chunk. It holds the pool only for
+/// one chunk at a time, so closing the pool is never held up by it.
+fn resilver(pool: Weak<PoolData>, group: usize, member: usize) {
+    loop {
+        let Some(pool) = pool.upgrade() else { return };
+        if pool.is_closing() {
+            return;
+        }
+        let slot = &pool.groups[group].slots[member];
+        if slot.health() != Health::Resilvering {
+            tracing::warn!(
+                pool = pool.name,
+                group,
+                member,
+                "resilver stopped: the member left"
+            );
+            return;
+        }
+        let chunk = slot.resilvered_chunks.load(Ordering::SeqCst);
+        if chunk >= pool.stripe.chunks_per_group {
+            if let Err(err) = pool.finish_resilver(group, member) {
+                tracing::error!(pool = pool.name, error = %err, "cannot finish the resilver");
+            }
+            return;
+        }
+        if pool.resilver_chunk(group, member, chunk).is_err()
+            && slot.health() != Health::Resilvering
+        {
+            continue; // the loop reports the fault and stops
+        }
+        slot.resilvered_chunks.store(chunk + 1, Ordering::SeqCst);
+    }
+}

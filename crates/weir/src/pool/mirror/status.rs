@@ -1,0 +1,148 @@
+//! What a served pool looks like right now: `weir pool status` through the
+//! admin endpoint, and the pool's lines of `/metrics`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use super::{Health, PoolData};
+use crate::sched::IoClass;
+
+impl PoolData {
+    /// A `zpool status`-like report. `scan` is the scrub's line, if any.
+    pub fn status_text(&self, scan: Option<&str>) -> String {
+        let mut out = String::new();
+        let config = self.config.lock().clone();
+        let _ = writeln!(out, "  pool: {}", self.name);
+        let _ = writeln!(out, "    id: {:032x}", config.pool_id);
+        let _ = writeln!(out, " state: {}", self.state_name());
+        if let Some(scan) = scan {
+            let _ = writeln!(out, "  scan: {scan}");
+        }
+        for (g, group) in self.groups.iter().enumerate() {
+            for (m, slot) in group.slots.iter().enumerate() {
+                if slot.health() == Health::Resilvering {
+                    let (done, total) = self.resilver_progress(g, m);
+                    let seconds = slot
+                        .resilver_started
+                        .lock()
+                        .map_or(0.0, |t| t.elapsed().as_secs_f64());
+                    let _ = writeln!(
+                        out,
+                        "resilver: {} {:.1}% ({done} of {total} chunks) after {seconds:.0} s",
+                        slot.spec.read(),
+                        percent(done, total)
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "config:\n\n\t{:<44} {:<12} {:>6} {:>6} {:>6} {:>9} {:>10}",
+            "NAME", "STATE", "READ", "WRITE", "CKSUM", "REPAIRED", "READS"
+        );
+        let _ = writeln!(out, "\t{:<44} {}", self.name, self.state_name());
+        let copies = self.groups[0].slots.len();
+        for (g, group) in self.groups.iter().enumerate() {
+            let indent = if copies > 1 {
+                let _ = writeln!(
+                    out,
+                    "\t  {:<42} {}",
+                    format!("mirror-{g}"),
+                    group.state_name()
+                );
+                "    "
+            } else {
+                "  "
+            };
+            for (m, slot) in group.slots.iter().enumerate() {
+                let c = &slot.counters;
+                let width = 44 - indent.len();
+                let mut state = slot.health().name().to_string();
+                if slot.health() == Health::Resilvering {
+                    let (done, total) = self.resilver_progress(g, m);
+                    state = format!("{state} {:.0}%", percent(done, total));
+                }
+                let _ = writeln!(
+                    out,
+                    "\t{indent}{:<width$} {:<12} {:>6} {:>6} {:>6} {:>9} {:>10}",
+                    slot.spec.read().as_str(),
+                    state,
+                    c.read_errors.load(Ordering::Relaxed),
+                    c.write_errors.load(Ordering::Relaxed),
+                    c.checksum_errors.load(Ordering::Relaxed),
+                    c.repaired.load(Ordering::Relaxed),
+                    c.reads.load(Ordering::Relaxed),
+                );
+            }
+        }
+        out
+    }
+
+    /// Prometheus text lines for this pool's members.
+    pub fn metrics(&self, out: &mut String) {
+        let pool = &self.name;
+        let _ = writeln!(
+            out,
+            "weir_pool_repairs_total{{pool=\"{pool}\"}} {}",
+            self.repairs()
+        );
+        for (g, group) in self.groups.iter().enumerate() {
+            for (m, slot) in group.slots.iter().enumerate() {
+                let labels = format!(
+                    "pool=\"{pool}\",group=\"{g}\",member=\"{m}\",device=\"{}\"",
+                    escape(&slot.spec.read())
+                );
+                let c = &slot.counters;
+                let health = slot.health();
+                for state in [Health::Online, Health::Resilvering, Health::Faulted] {
+                    let _ = writeln!(
+                        out,
+                        "weir_member_state{{{labels},state=\"{}\"}} {}",
+                        state.name(),
+                        u8::from(health == state)
+                    );
+                }
+                for (name, value) in [
+                    ("weir_member_reads_total", &c.reads),
+                    ("weir_member_read_errors_total", &c.read_errors),
+                    ("weir_member_write_errors_total", &c.write_errors),
+                    ("weir_member_checksum_errors_total", &c.checksum_errors),
+                    ("weir_member_repaired_blocks_total", &c.repaired),
+                ] {
+                    let _ = writeln!(out, "{name}{{{labels}}} {}", value.load(Ordering::Relaxed));
+                }
+                let Some(attached) = slot.attached() else {
+                    continue;
+                };
+                for class in IoClass::ALL {
+                    let k = attached.queue.counters(class);
+                    let class_labels = format!("{labels},class=\"{}\"", class.name());
+                    for (name, value) in [
+                        ("weir_device_ops_total", &k.ops),
+                        ("weir_device_bytes_total", &k.bytes),
+                        ("weir_device_in_flight", &k.in_flight),
+                        ("weir_device_errors_total", &k.errors),
+                    ] {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{{class_labels}}} {}",
+                            value.load(Ordering::Relaxed)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn percent(done: u64, total: u64) -> f64 {
+    if total == 0 {
+        100.0
+    } else {
+        100.0 * done as f64 / total as f64
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
+}

@@ -1,0 +1,106 @@
+//! One volume of an opened pool, as the server's volume layer sees it: a
+//! run of the pool's logical space.
+
+use std::io;
+use std::sync::Arc;
+
+use super::{PoolData, DATA_BLOCK_BYTES};
+use crate::device::{Completion, DeviceOp, Extent, Outcome};
+use crate::pool::geometry::CHUNK_BYTES;
+use crate::pool::volume_table::VolumeEntry;
+use crate::pool::{Store, StoreInfo};
+use crate::sched::IoClass;
+
+pub struct PoolVolume {
+    pool: Arc<PoolData>,
+    first_byte: u64,
+    info: StoreInfo,
+}
+
+impl PoolVolume {
+    pub fn new(pool: Arc<PoolData>, entry: &VolumeEntry) -> io::Result<PoolVolume> {
+        let info = StoreInfo {
+            size_bytes: entry.size_bytes,
+            block_bytes: entry.block_bytes,
+            rotational: pool.rotational,
+            description: format!("pool {} volume {}", pool.name, entry.name),
+        };
+        Ok(PoolVolume {
+            first_byte: entry.first_chunk * CHUNK_BYTES,
+            pool,
+            info,
+        })
+    }
+}
+
+impl Store for PoolVolume {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        let (offset, length) = op.range();
+        assert!(
+            offset + length <= self.info.size_bytes,
+            "op past the volume: {op:?}"
+        );
+        let base = self.first_byte;
+        let (op, done) = match op {
+            DeviceOp::Read { offset, buf } if class == IoClass::SyncRead => {
+                match self.pool.read_fast(base + offset, buf, done) {
+                    Ok(()) => return,
+                    Err((buf, done)) => (DeviceOp::Read { offset, buf }, done),
+                }
+            }
+            other => (other, done),
+        };
+        let pool = Arc::clone(&self.pool);
+        self.pool.workers.run(Box::new(move || {
+            let outcome = match op {
+                DeviceOp::Read { offset, buf } => pool.read_outcome(base + offset, buf, class),
+                DeviceOp::Write {
+                    offset,
+                    buf,
+                    durable,
+                } => Outcome {
+                    result: pool.write(base + offset, buf.as_slice(), durable),
+                    buf: Some(buf),
+                    hole: false,
+                },
+                DeviceOp::Flush => Outcome::done(pool.flush_all()),
+                DeviceOp::Discard { offset, length }
+                | DeviceOp::WriteZeroes { offset, length, .. } => {
+                    Outcome::done(pool.zero(base + offset, length))
+                }
+            };
+            // Let go of the pool before answering: the last reference must
+            // drop on the server's thread, never on one of these workers
+            // (closing the pool joins them).
+            drop(pool);
+            done(outcome)
+        }));
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        let start = offset / DATA_BLOCK_BYTES * DATA_BLOCK_BYTES;
+        let end = (offset + length)
+            .next_multiple_of(DATA_BLOCK_BYTES)
+            .min(self.info.size_bytes);
+        let zeros = self.pool.zero_blocks(self.first_byte + start, end - start);
+        let mut extents = Vec::new();
+        let mut left = length;
+        for (i, zero) in zeros.iter().enumerate() {
+            let block_start = start + i as u64 * DATA_BLOCK_BYTES;
+            let piece =
+                (block_start + DATA_BLOCK_BYTES).min(offset + length) - block_start.max(offset);
+            let piece = piece.min(left);
+            crate::device::push_extent(&mut extents, piece, *zero);
+            left -= piece;
+            if extents.len() > extents_max {
+                break;
+            }
+        }
+        extents.truncate(extents_max);
+        Ok(extents)
+    }
+}

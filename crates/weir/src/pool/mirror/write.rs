@@ -1,0 +1,165 @@
+//! Writes and zeroing: every writable copy gets the data, the dirty-region
+//! log covers it first, and checksums change in memory until the next flush.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::sync::Arc;
+
+use super::io_ops::{run_all, write_op};
+use super::{PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES, LOCK_STRIPES, SUMS_PER_PAGE};
+use crate::pool::geometry::Piece;
+use crate::pool::integrity::BlockSum;
+use crate::sched::IoClass;
+
+impl PoolData {
+    /// The lock stripes covering `pieces`, in a deadlock-free order.
+    pub(super) fn stripes(&self, pieces: &[Piece]) -> Vec<usize> {
+        let mut stripes: Vec<usize> = pieces
+            .iter()
+            .flat_map(|p| {
+                let first = p.data_offset / CHUNK_BYTES;
+                let last = (p.data_offset + p.length - 1) / CHUNK_BYTES;
+                (first..=last)
+                    .map(move |c| ((c as usize) * self.stripe.groups + p.group) % LOCK_STRIPES)
+            })
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+    }
+
+    fn regions_of(piece: &Piece) -> Vec<u64> {
+        (piece.data_offset / CHUNK_BYTES..=(piece.data_offset + piece.length - 1) / CHUNK_BYTES)
+            .collect()
+    }
+
+    /// Write `data` at `logical`; with `durable`, flush the groups it
+    /// touched before returning (FUA).
+    pub(super) fn write(&self, logical: u64, data: &[u8], durable: bool) -> io::Result<()> {
+        let pieces = self.stripe.map(logical, data.len() as u64);
+        let stripes = self.stripes(&pieces);
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].write()).collect();
+        self.announce(&pieces)?;
+        let class = if durable {
+            IoClass::SyncWrite
+        } else {
+            IoClass::AsyncWrite
+        };
+        let mut ops = Vec::new();
+        let mut owners = Vec::new();
+        for piece in &pieces {
+            let bytes =
+                &data[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
+            for (m, member) in self.groups[piece.group].writable() {
+                let offset = member.regions.data.0 + piece.data_offset;
+                ops.push((Arc::clone(&member), class, write_op(offset, bytes, false)));
+                owners.push((piece.group, m));
+            }
+        }
+        let outcomes = run_all(ops);
+        let mut written = Ok(());
+        for group in self.touched_groups(&pieces) {
+            let results = owners
+                .iter()
+                .zip(&outcomes)
+                .filter(|((g, _), _)| *g == group)
+                .map(|((_, m), o)| {
+                    (
+                        *m,
+                        o.result
+                            .as_ref()
+                            .map(|_| ())
+                            .map_err(|e| io::Error::new(e.kind(), e.to_string())),
+                    )
+                })
+                .collect();
+            if let Err(err) = self.settle_writes(group, results, "write") {
+                written = Err(err);
+            }
+        }
+        for piece in &pieces {
+            let bytes =
+                &data[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
+            let mut state = self.groups[piece.group].state.lock();
+            if written.is_ok() {
+                for (i, block) in bytes.chunks(DATA_BLOCK_BYTES as usize).enumerate() {
+                    let index = piece.data_offset / DATA_BLOCK_BYTES + i as u64;
+                    state.sums[index as usize] = BlockSum::of(block);
+                    state.dirty_pages.insert(index / SUMS_PER_PAGE);
+                }
+            }
+            state.log.after_write(Self::regions_of(piece));
+        }
+        written?;
+        if durable {
+            for group in self.touched_groups(&pieces) {
+                self.flush_group(group)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Set the log bits of the regions `pieces` touch, durably where new.
+    /// On failure the write is withdrawn from the log's accounting.
+    fn announce(&self, pieces: &[Piece]) -> io::Result<()> {
+        let mut newly: Vec<(usize, Vec<u64>)> = Vec::new();
+        for piece in pieces {
+            let regions = self.groups[piece.group]
+                .state
+                .lock()
+                .log
+                .before_write(Self::regions_of(piece));
+            if !regions.is_empty() {
+                newly.push((piece.group, regions));
+            }
+        }
+        for (group, regions) in newly {
+            if let Err(err) = self.write_log_bits(group, &regions, true) {
+                for piece in pieces {
+                    let mut state = self.groups[piece.group].state.lock();
+                    state.log.after_write(Self::regions_of(piece));
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn touched_groups(&self, pieces: &[Piece]) -> BTreeSet<usize> {
+        pieces.iter().map(|p| p.group).collect()
+    }
+
+    /// Mark whole blocks as zero: no data I/O.
+    pub(super) fn zero(&self, logical: u64, length: u64) -> io::Result<()> {
+        let pieces = self.stripe.map(logical, length);
+        let stripes = self.stripes(&pieces);
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].write()).collect();
+        self.announce(&pieces)?;
+        for piece in &pieces {
+            let mut state = self.groups[piece.group].state.lock();
+            let first = piece.data_offset / DATA_BLOCK_BYTES;
+            for index in first..first + piece.length / DATA_BLOCK_BYTES {
+                state.sums[index as usize] = BlockSum::Zero;
+                state.dirty_pages.insert(index / SUMS_PER_PAGE);
+            }
+            state.log.after_write(Self::regions_of(piece));
+        }
+        Ok(())
+    }
+
+    /// Per 4 KiB block of a logical range: whether it reads as zeroes.
+    pub(super) fn zero_blocks(&self, logical: u64, length: u64) -> Vec<bool> {
+        let mut out = Vec::new();
+        for piece in self.stripe.map(logical, length) {
+            let state = self.groups[piece.group].state.lock();
+            let first = (piece.data_offset / DATA_BLOCK_BYTES) as usize;
+            let count = (piece.length / DATA_BLOCK_BYTES) as usize;
+            out.extend(
+                state.sums[first..first + count]
+                    .iter()
+                    .map(|s| *s == BlockSum::Zero),
+            );
+        }
+        out
+    }
+}
