@@ -307,19 +307,29 @@ impl Imported {
 /// With `repair`, damaged or stale label copies of current members are
 /// rewritten (only when this process owns the data directory).
 pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
+    let mut opened = Vec::new();
+    for text in texts {
+        match open_member(text) {
+            Ok(device) => opened.push((text.clone(), device)),
+            Err(err) => tracing::warn!(device = text.as_str(), "skipping: {err:#}"),
+        }
+    }
+    import_devices(texts, opened, repair)
+}
+
+/// `import` on devices already open; `texts` is the registered list, in
+/// layout order, which names members that are missing.
+pub fn import_devices(
+    texts: &[String],
+    opened: Vec<(String, Arc<dyn Device>)>,
+    repair: bool,
+) -> anyhow::Result<Imported> {
     // (spec, device, chosen label, label copies to rewrite)
     type Found = (String, Arc<dyn Device>, Label, Vec<usize>);
     let mut found: Vec<Found> = Vec::new();
-    for text in texts {
-        let device = match open_member(text) {
-            Ok(device) => device,
-            Err(err) => {
-                tracing::warn!(device = text.as_str(), "skipping: {err:#}");
-                continue;
-            }
-        };
+    for (text, device) in opened {
         match choose(read_labels(device.as_ref())) {
-            Ok(chosen) => found.push((text.clone(), device, chosen.label, chosen.stale)),
+            Ok(chosen) => found.push((text, device, chosen.label, chosen.stale)),
             Err(err) => bail!("{text}: {err}"),
         }
     }

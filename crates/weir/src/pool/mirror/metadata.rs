@@ -42,13 +42,20 @@ impl PoolData {
     fn recover_chunk(&self, group_index: usize, chunk: u64) -> io::Result<()> {
         let group = &self.groups[group_index];
         let page = chunk * BLOCKS_PER_CHUNK / SUMS_PER_PAGE;
+        // Per copy: its data, which blocks could be read (a failed read is
+        // narrowed to the blocks that fail), and its checksum page.
         let mut copies = Vec::new();
-        for (_, member) in group.readable() {
-            let data = read_at(
+        for (m, member) in group.readable() {
+            let mut data = vec![0u8; CHUNK_BYTES as usize];
+            let mut read_ok = vec![false; BLOCKS_PER_CHUNK as usize];
+            self.read_narrowed(
+                group_index,
+                m,
                 &member,
                 IoClass::SyncWrite,
                 member.regions.data.0 + chunk * CHUNK_BYTES,
-                CHUNK_BYTES,
+                &mut data,
+                &mut read_ok,
             );
             let sums = read_at(
                 &member,
@@ -56,50 +63,54 @@ impl PoolData {
                 member.regions.checksums.0 + page * PAGE_BYTES,
                 PAGE_BYTES,
             );
-            copies.push((data.ok(), sums.ok()));
+            copies.push((data, read_ok, sums.ok()));
         }
         let first_in_page = (chunk * BLOCKS_PER_CHUNK % SUMS_PER_PAGE) as usize;
         let mut resolved = vec![0u8; CHUNK_BYTES as usize];
+        let mut unreadable = false;
         let mut state = group.state.lock();
         for block in 0..BLOCKS_PER_CHUNK as usize {
             let range = block * DATA_BLOCK_BYTES as usize..(block + 1) * DATA_BLOCK_BYTES as usize;
             let states: Vec<CopyState> = copies
                 .iter()
-                .map(|(data, sums)| {
+                .map(|(data, read_ok, sums)| {
                     let stored = sums.as_ref().map_or(BlockSum::Data(0), |s| {
                         let at = (first_in_page + block) * CHECKSUM_ENTRY_BYTES as usize;
                         BlockSum::decode(s.as_slice()[at..at + 8].try_into().expect("8 bytes"))
                     });
                     CopyState {
-                        readable: data.is_some() && sums.is_some(),
+                        readable: read_ok[block] && sums.is_some(),
                         stored,
-                        actual: data
-                            .as_ref()
-                            .map_or(0, |d| crc32c::crc32c(&d.as_slice()[range.clone()])),
+                        actual: crc32c::crc32c(&data[range.clone()]),
                     }
                 })
                 .collect();
             let index = (chunk * BLOCKS_PER_CHUNK) as usize + block;
             match resolve(&states) {
                 Resolution::Data { source, sum } => {
-                    let data = copies[source]
-                        .0
-                        .as_ref()
-                        .expect("resolved copies are readable");
-                    resolved[range.clone()].copy_from_slice(&data.as_slice()[range]);
+                    resolved[range.clone()].copy_from_slice(&copies[source].0[range]);
                     state.sums[index] = sum;
                 }
                 Resolution::Zero => state.sums[index] = BlockSum::Zero,
                 Resolution::Unreadable => {
-                    return Err(io_err(format!(
-                        "{}: chunk {chunk}: no copy readable",
-                        self.name
-                    )))
+                    // Reads of it fail until it is written; the readable
+                    // blocks around it are not worth overwriting it for.
+                    tracing::error!(
+                        pool = self.name,
+                        group = group_index,
+                        chunk,
+                        block,
+                        "recovery: no copy of this block can be read"
+                    );
+                    unreadable = true;
                 }
             }
             state.dirty_pages.insert(index as u64 / SUMS_PER_PAGE);
         }
         drop(state);
+        if unreadable {
+            return Ok(());
+        }
         let writes: Vec<_> = group
             .writable()
             .into_iter()

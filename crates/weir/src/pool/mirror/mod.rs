@@ -134,6 +134,8 @@ pub struct PoolData {
     config: Mutex<Label>,
     /// Set when the pool closes: background work stops at its next step.
     closing: AtomicBool,
+    /// Tests of crash recovery drop the pool as a crash would: no close.
+    abandoned: AtomicBool,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -231,6 +233,7 @@ impl PoolData {
             workers: Workers::start("weir-pool", workers)?,
             config: Mutex::new(pool.label.clone()),
             closing: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
         });
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
@@ -272,12 +275,23 @@ impl PoolData {
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
     }
+
+    /// Drop the pool as a crash would: nothing flushed, the log left dirty.
+    #[cfg(test)]
+    fn crash(self: Arc<Self>) {
+        self.closing.store(true, Ordering::SeqCst);
+        self.abandoned.store(true, Ordering::SeqCst);
+        drop(self);
+    }
 }
 
 impl Drop for PoolData {
     /// A clean close: flush, then clear the dirty-region log, so that the
     /// next open has nothing to recover.
     fn drop(&mut self) {
+        if self.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
         for index in 0..self.groups.len() {
             if let Err(err) = self.close_group(index) {
                 tracing::warn!(pool = self.name, error = %err, "unclean close: the next open recovers");

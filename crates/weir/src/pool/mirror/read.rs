@@ -137,7 +137,7 @@ impl PoolData {
     /// narrowed by halving down to single blocks, so that only blocks that
     /// really fail are marked (`read_ok[i]` false) and repaired.
     #[allow(clippy::too_many_arguments)]
-    fn read_narrowed(
+    pub(super) fn read_narrowed(
         &self,
         group: usize,
         member_index: usize,

@@ -50,18 +50,33 @@ impl PoolData {
                 (Arc::clone(m), IoClass::Scrub, op)
             })
             .collect();
-        let copies: Vec<Option<AlignedBuf>> = run_all(ops)
+        // Per copy: its bytes, and which blocks could be read. A failed
+        // read is narrowed, so that only unreadable blocks count as bad.
+        let copies: Vec<(Vec<u8>, Vec<bool>)> = run_all(ops)
             .into_iter()
             .zip(&members)
-            .map(|(o, (m, _))| match o.result {
-                Ok(()) => o.buf,
-                Err(err) => {
-                    self.note_read_error(group_index, *m, &err);
-                    None
-                }
-            })
+            .map(
+                |(outcome, (m, member))| match (outcome.result, outcome.buf) {
+                    (Ok(()), Some(buf)) => (buf.as_slice().to_vec(), vec![true; sums.len()]),
+                    _ => {
+                        let mut bytes = vec![0u8; CHUNK_BYTES as usize];
+                        let mut read_ok = vec![false; sums.len()];
+                        let offset = member.regions.data.0 + chunk * CHUNK_BYTES;
+                        self.read_narrowed(
+                            group_index,
+                            *m,
+                            member,
+                            IoClass::Scrub,
+                            offset,
+                            &mut bytes,
+                            &mut read_ok,
+                        );
+                        (bytes, read_ok)
+                    }
+                },
+            )
             .collect();
-        result.bytes_read = copies.iter().flatten().count() as u64 * CHUNK_BYTES;
+        result.bytes_read = members.len() as u64 * CHUNK_BYTES;
         for (block, sum) in sums.iter().enumerate() {
             if *sum == BlockSum::Zero {
                 continue;
@@ -69,27 +84,20 @@ impl PoolData {
             let range = block * DATA_BLOCK_BYTES as usize..(block + 1) * DATA_BLOCK_BYTES as usize;
             let good: Vec<bool> = copies
                 .iter()
-                .map(|c| {
-                    c.as_ref()
-                        .is_some_and(|c| sum.verifies(&c.as_slice()[range.clone()]))
-                })
+                .map(|(bytes, read_ok)| read_ok[block] && sum.verifies(&bytes[range.clone()]))
                 .collect();
             let Some(source) = good.iter().position(|g| *g) else {
                 result.unrecoverable += 1;
                 continue;
             };
-            let data = copies[source]
-                .as_ref()
-                .expect("good copies were read")
-                .as_slice()[range.clone()]
-            .to_vec();
+            let data = copies[source].0[range.clone()].to_vec();
             for (index, ok) in good.iter().enumerate() {
                 if *ok {
                     continue;
                 }
                 let (member_index, member) = &members[index];
                 let counters = &group.slots[*member_index].counters;
-                if copies[index].is_some() {
+                if copies[index].1[block] {
                     counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                 }
                 let offset = member.regions.data.0 + chunk * CHUNK_BYTES + range.start as u64;
@@ -134,6 +142,20 @@ impl PoolData {
     /// resilver copies the data onto it in the background.
     pub fn replace(
         self: &Arc<Self>,
+        group: usize,
+        member: usize,
+        device: Arc<dyn Device>,
+        spec: &str,
+        new_id: u128,
+    ) -> io::Result<()> {
+        self.attach_replacement(group, member, device, spec, new_id)?;
+        self.spawn_resilver(group, member);
+        Ok(())
+    }
+
+    /// `replace` up to the resilver, which the caller starts.
+    pub(super) fn attach_replacement(
+        &self,
         group: usize,
         member: usize,
         device: Arc<dyn Device>,
@@ -196,8 +218,13 @@ impl PoolData {
             self.fault(group, member, &format!("cannot copy metadata: {err}"));
             return Err(err);
         }
-        self.spawn_resilver(group, member);
         Ok(())
+    }
+
+    /// Run a resilver on this thread until it ends.
+    #[cfg(test)]
+    pub(super) fn resilver_now(self: &Arc<Self>, group: usize, member: usize) {
+        resilver(Arc::downgrade(self), group, member)
     }
 
     /// Start a resilver for every member that needs one (after an import

@@ -1,0 +1,242 @@
+//! A device for deterministic pool tests: sparse pages in memory, a
+//! volatile write cache that a simulated power loss drops or tears, and
+//! injected faults. Every op completes on the caller's thread, so a test
+//! driven by one seeded generator replays exactly.
+
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+
+use parking_lot::Mutex;
+
+use crate::device::{Completion, Device, DeviceInfo, DeviceOp, Extent, Outcome};
+use crate::sim::rng::Rng;
+
+const PAGE: usize = 4096;
+pub const SECTOR: usize = 512;
+
+#[derive(Default)]
+struct State {
+    durable: HashMap<u64, Box<[u8; PAGE]>>,
+    /// Writes not yet flushed, oldest first: (offset, bytes).
+    volatile: Vec<(u64, Vec<u8>)>,
+    /// 4 KiB pages whose reads fail until rewritten.
+    bad_pages: BTreeSet<u64>,
+    /// The next write inside `[start, end)` lands `delta` bytes away
+    /// (forward if that fits, else backward).
+    misdirect: Option<(u64, u64, u64)>,
+    vanished: bool,
+}
+
+pub struct SimDisk {
+    info: DeviceInfo,
+    state: Mutex<State>,
+}
+
+impl SimDisk {
+    pub fn new(name: &str, size_bytes: u64) -> SimDisk {
+        SimDisk {
+            info: DeviceInfo {
+                size_bytes,
+                logical_block_bytes: SECTOR as u32,
+                rotational: false,
+                description: format!("sim disk {name}"),
+            },
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Flip one bit of stored data, silently.
+    pub fn flip_bit(&self, offset: u64, bit: u8) {
+        let mut state = self.state.lock();
+        state.apply_all_volatile();
+        let page = state.page_mut(offset / PAGE as u64);
+        page[(offset % PAGE as u64) as usize] ^= 1 << (bit % 8);
+    }
+
+    /// Reads of the 4 KiB page at `offset` fail until it is rewritten.
+    pub fn make_bad(&self, offset: u64) {
+        self.state.lock().bad_pages.insert(offset / PAGE as u64);
+    }
+
+    /// The next write inside `[start, end)` lands `delta` bytes away.
+    pub fn misdirect_next(&self, start: u64, end: u64, delta: u64) {
+        self.state.lock().misdirect = Some((start, end, delta));
+    }
+
+    /// Cancel a misdirection that has not happened yet.
+    pub fn disarm(&self) {
+        self.state.lock().misdirect = None;
+    }
+
+    /// Whether reads of the 4 KiB page at `offset` fail.
+    pub fn is_bad(&self, offset: u64) -> bool {
+        self.state
+            .lock()
+            .bad_pages
+            .contains(&(offset / PAGE as u64))
+    }
+
+    pub fn vanish(&self) {
+        self.state.lock().vanished = true;
+    }
+
+    /// Power loss: each unflushed write survives whole, is lost, or is
+    /// torn (a random subset of its sectors lands).
+    pub fn power_loss(&self, rng: &mut Rng) {
+        let mut state = self.state.lock();
+        for (offset, bytes) in std::mem::take(&mut state.volatile) {
+            match rng.below(3) {
+                0 => state.apply(offset, &bytes),
+                1 => {}
+                _ => {
+                    for (i, sector) in bytes.chunks(SECTOR).enumerate() {
+                        if rng.below(2) == 0 {
+                            state.apply(offset + (i * SECTOR) as u64, sector);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stored bytes (cache included), bypassing faults: for checks.
+    pub fn peek(&self, offset: u64, length: usize) -> Vec<u8> {
+        let mut out = vec![0u8; length];
+        self.state.lock().read_into(offset, &mut out);
+        out
+    }
+}
+
+impl State {
+    fn page_mut(&mut self, page: u64) -> &mut [u8; PAGE] {
+        self.durable
+            .entry(page)
+            .or_insert_with(|| Box::new([0u8; PAGE]))
+    }
+
+    fn apply(&mut self, offset: u64, bytes: &[u8]) {
+        let mut at = 0;
+        while at < bytes.len() {
+            let pos = offset + at as u64;
+            let within = (pos % PAGE as u64) as usize;
+            let take = (PAGE - within).min(bytes.len() - at);
+            self.page_mut(pos / PAGE as u64)[within..within + take]
+                .copy_from_slice(&bytes[at..at + take]);
+            at += take;
+        }
+    }
+
+    fn apply_all_volatile(&mut self) {
+        for (offset, bytes) in std::mem::take(&mut self.volatile) {
+            self.apply(offset, &bytes);
+        }
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) {
+        let mut at = 0;
+        while at < out.len() {
+            let pos = offset + at as u64;
+            let within = (pos % PAGE as u64) as usize;
+            let take = (PAGE - within).min(out.len() - at);
+            match self.durable.get(&(pos / PAGE as u64)) {
+                Some(page) => out[at..at + take].copy_from_slice(&page[within..within + take]),
+                None => out[at..at + take].fill(0),
+            }
+            at += take;
+        }
+        let end = offset + out.len() as u64;
+        for (w_offset, bytes) in &self.volatile {
+            let w_end = w_offset + bytes.len() as u64;
+            let (from, to) = (offset.max(*w_offset), end.min(w_end));
+            if from < to {
+                out[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&bytes[(from - w_offset) as usize..(to - w_offset) as usize]);
+            }
+        }
+    }
+
+    fn pages(offset: u64, length: u64) -> std::ops::Range<u64> {
+        offset / PAGE as u64..(offset + length).div_ceil(PAGE as u64)
+    }
+}
+
+impl Device for SimDisk {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, op: DeviceOp, done: Completion) {
+        op.assert_valid(&self.info);
+        let mut state = self.state.lock();
+        let outcome = if state.vanished {
+            Outcome::done(Err(io::Error::from_raw_os_error(libc::ENXIO)))
+        } else {
+            match op {
+                DeviceOp::Read { offset, mut buf } => {
+                    let length = buf.len() as u64;
+                    if State::pages(offset, length).any(|p| state.bad_pages.contains(&p)) {
+                        Outcome::done(Err(io::Error::from_raw_os_error(libc::EIO)))
+                    } else {
+                        state.read_into(offset, buf.as_mut_slice());
+                        Outcome {
+                            result: Ok(()),
+                            buf: Some(buf),
+                            hole: false,
+                        }
+                    }
+                }
+                DeviceOp::Write {
+                    offset,
+                    buf,
+                    durable,
+                } => {
+                    let length = buf.len() as u64;
+                    let landing = match state.misdirect {
+                        Some((start, end, delta)) if offset >= start && offset + length <= end => {
+                            state.misdirect = None;
+                            if offset + delta + length <= end {
+                                offset + delta
+                            } else if offset >= start + delta {
+                                offset - delta
+                            } else {
+                                offset
+                            }
+                        }
+                        _ => offset,
+                    };
+                    for page in State::pages(landing, length) {
+                        state.bad_pages.remove(&page);
+                    }
+                    if durable {
+                        // Stronger than FUA needs, and still legal.
+                        state.apply_all_volatile();
+                        state.apply(landing, buf.as_slice());
+                    } else {
+                        state.volatile.push((landing, buf.as_slice().to_vec()));
+                    }
+                    Outcome {
+                        result: Ok(()),
+                        buf: Some(buf),
+                        hole: false,
+                    }
+                }
+                DeviceOp::Flush => {
+                    state.apply_all_volatile();
+                    Outcome::done(Ok(()))
+                }
+                DeviceOp::Discard { .. } | DeviceOp::WriteZeroes { .. } => {
+                    Outcome::done(Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)))
+                }
+            }
+        };
+        drop(state);
+        done(outcome)
+    }
+
+    fn extents(&self, _offset: u64, length: u64, _extents_max: usize) -> io::Result<Vec<Extent>> {
+        Ok(vec![Extent {
+            length,
+            hole: false,
+        }])
+    }
+}
