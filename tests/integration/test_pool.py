@@ -6,7 +6,9 @@ import json
 import os
 import signal
 import tempfile
+import time
 import unittest
+import urllib.request
 
 import nbd
 
@@ -37,6 +39,14 @@ class PoolTest(unittest.TestCase):
 
     def volume(self, *args, check=True):
         return run(WEIR, "volume", *args, "--data-dir", self.data, check=check, timeout=60)
+
+    def status_row(self, status, device):
+        """The counters of one member in `weir pool status`: READ WRITE CKSUM REPAIRED READS."""
+        for line in status.splitlines():
+            words = line.split()
+            if words and words[0] == device:
+                return words[1], [int(w) for w in words[-5:]]
+        self.fail(f"{device} not in status:\n{status}")
 
 
 class Pools(PoolTest):
@@ -229,37 +239,137 @@ class Serving(PoolTest):
                 left -= take
 
 
+class Replace(PoolTest):
+    def test_a_vanished_member_is_faulted_writes_go_on_and_a_replacement_is_resilvered(self):
+        a, b, c = (self.file(n, 512 * MIB) for n in ("a.img", "b.img", "c.img"))
+        ctl_b = os.path.join(self.dir, "b.faults")
+        open(ctl_b, "w").close()
+        spec_a = f"model:ssd,size=512M,store=file:{a}"
+        spec_b = f"model:ssd,size=512M,store=file:{b},control={ctl_b}"
+        self.weir("create", "tank", "mirror", spec_a, spec_b)
+        self.volume("create", "tank/disk", "--size", "256M")
+        with Weir("--data-dir", self.data) as w:
+            uri = w.uri("tank/disk")
+            run("qemu-io", "-f", "raw", "-c", "write -P 0x11 0 64M", "-c", "flush", uri)
+            with open(ctl_b, "w") as f:
+                f.write("vanish\n")
+            deadline = time.time() + 10
+            while os.path.getsize(ctl_b) and time.time() < deadline:
+                time.sleep(0.05)
+            # The pool keeps taking writes with one copy gone.
+            run("qemu-io", "-f", "raw", "-c", "write -P 0x22 32M 64M", "-c", "flush", uri)
+            status = self.weir("status", "tank").stdout
+            self.assertIn("state: DEGRADED", status)
+            state, (read, write, _, _, _) = self.status_row(status, spec_b)
+            self.assertEqual(state, "FAULTED")
+            self.assertGreater(write, 0)
+            self.assertIn("FAULTED", w.logs())
+            run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 32M", "-c", "read -P 0x22 32M 64M", uri)
+
+            out = self.weir("replace", "tank", spec_b, c, "--wait")
+            self.assertIn("resilver started", out.stdout)
+            status = self.weir("status", "tank").stdout
+            self.assertIn("state: ONLINE", status)
+            self.assertEqual(self.status_row(status, c)[0], "ONLINE")
+            run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 32M", "-c", "read -P 0x22 32M 64M", uri)
+            self.assertEqual(w.stop(), 0)
+        # The new copy holds what the surviving one holds (data region).
+        with open(a, "rb") as fa, open(c, "rb") as fc:
+            for at in range(4 * MIB, 100 * MIB, MIB):
+                fa.seek(at)
+                fc.seek(at)
+                self.assertEqual(fa.read(MIB), fc.read(MIB), f"copies differ at {at}")
+        # After a restart the pool finds c by its label and is whole.
+        self.assertIn("state: ONLINE", self.weir("status", "tank").stdout)
+        with Weir("--data-dir", self.data) as w:
+            run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 32M", "-c", "read -P 0x22 32M 64M", w.uri("tank/disk"))
+
+    def test_replace_refuses_another_pools_device_and_an_unknown_member(self):
+        a, b, c, d = (self.file(n) for n in ("a.img", "b.img", "c.img", "d.img"))
+        self.weir("create", "tank", "mirror", a, b)
+        self.weir("create", "other", "mirror", c, d)
+        self.volume("create", "tank/disk", "--size", "16M")
+        taken = self.weir("replace", "tank", b, c, check=False)
+        self.assertNotEqual(taken.returncode, 0)
+        self.assertIn('belongs to pool "other"', taken.stderr)
+        unknown = self.weir("replace", "tank", "/nowhere.img", d, check=False)
+        self.assertNotEqual(unknown.returncode, 0)
+        self.assertIn("has no member /nowhere.img", unknown.stderr)
+        small = self.file("small.img", 8 * MIB)
+        tiny = self.weir("replace", "tank", b, small, check=False)
+        self.assertNotEqual(tiny.returncode, 0)
+        self.assertIn("too small", tiny.stderr)
+
+
 class Scrub(PoolTest):
     def scrub(self, *args, check=True):
         return run(WEIR, "scrub", *args, "--data-dir", self.data, check=check, timeout=120)
 
-    def test_scrub_repairs_a_damaged_copy_and_a_second_scrub_finds_nothing(self):
+    def test_bytes_flipped_under_a_served_mirror_read_back_correct_and_an_online_scrub_repairs_them(self):
         a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
         self.weir("create", "tank", "mirror", a, b)
         self.volume("create", "tank/disk", "--size", "256M")
         src = os.path.join(self.dir, "src.img")
         with open(src, "wb") as f:
             f.write(os.urandom(32 * MIB))
+            f.truncate(256 * MIB)
         with Weir("--data-dir", self.data) as w:
             run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, w.uri("tank/disk"))
-            busy = self.scrub("start", "tank", check=False)
-            self.assertNotEqual(busy.returncode, 0)
-            self.assertIn("in use by a running weir serve", busy.stderr)
+            # Garbage over 4 MiB of one copy, behind the server's back.
+            fd = os.open(b, os.O_WRONLY)
+            os.pwrite(fd, os.urandom(4 * MIB), 8 * MIB)
+            os.fsync(fd)
+            os.close(fd)
+            run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"))
+            healed_by_reads = self.status_row(self.weir("status", "tank").stdout, b)[1][3]
+            out = self.scrub("start", "tank", "--wait").stdout
+            self.assertIn("finished, 100.0%", out)
+            by_scrub = int(out.split(" repaired")[0].rsplit(" ", 1)[1])
+            self.assertEqual(healed_by_reads + by_scrub, 1024, "every bad 4 KiB block of b, once")  # 4 MiB
+            state, (read, write, cksum, repaired, _) = self.status_row(self.weir("status", "tank").stdout, b)
+            self.assertEqual((state, read, write, repaired), ("ONLINE", 0, 0, 1024))
+            self.assertEqual(cksum, 1024)
+            self.assertIn("0 repaired, 0 unrecoverable", self.scrub("start", "tank", "--wait").stdout)
+            self.assertIn("finished", self.scrub("status", "tank").stdout)
+            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            self.assertIn('weir_member_repaired_blocks_total{pool="tank",group="0",member="1"', metrics)
+            self.assertRegex(metrics, r'weir_device_ops_total\{[^}]*class="scrub"\} [1-9]')
             self.assertEqual(w.stop(), 0)
-        with open(b, "r+b") as f:
-            f.seek(8 * MIB)
-            f.write(os.urandom(4 * MIB))
-        out = self.scrub("start", "tank", "--wait").stdout
-        self.assertIn("finished, 100.0%", out)
-        self.assertIn("1024 repaired, 0 unrecoverable", out)  # 4 MiB of 4 KiB blocks
-        self.assertIn("0 repaired, 0 unrecoverable", self.scrub("start", "tank").stdout)
-        self.assertIn("finished", self.scrub("status", "tank").stdout)
         with open(a, "rb") as fa, open(b, "rb") as fb:
             fa.seek(8 * MIB)
             fb.seek(8 * MIB)
             self.assertEqual(fa.read(4 * MIB), fb.read(4 * MIB), "the copies agree again")
+
+    def admin_addr(self):
+        with open(os.path.join(self.data, "admin.addr")) as f:
+            return f.read().strip()
+
+    def test_an_online_scrub_pauses_resumes_and_stops(self):
+        # HDD models make the scrub slow enough to catch in the middle.
+        a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
+        models = [f"model:hdd,size=512M,store=file:{p}" for p in (a, b)]
+        self.weir("create", "tank", "mirror", *models)
+        self.volume("create", "tank/disk", "--size", "256M")
         with Weir("--data-dir", self.data) as w:
-            run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"))
+            run("qemu-io", "-f", "raw", "-c", "write -P 0x5a 0 192M", w.uri("tank/disk"), timeout=120)
+            self.assertIn("running", self.scrub("start", "tank").stdout)
+            busy = self.scrub("start", "tank", check=False)
+            self.assertNotEqual(busy.returncode, 0)
+            self.assertIn("already running", busy.stderr)
+            paused = self.scrub("pause", "tank").stdout
+            self.assertIn("paused", paused)
+            done_at_pause = paused.split("(")[1].split(" of")[0]
+            time.sleep(1)
+            self.assertIn(f"({done_at_pause} of", self.scrub("status", "tank").stdout, "no progress while paused")
+            self.assertIn("scrub tank: paused", self.weir("status", "tank").stdout)
+            out = self.scrub("resume", "tank", "--wait").stdout
+            self.assertIn("finished, 100.0%", out)
+            self.scrub("start", "tank")
+            self.assertIn("stopped", self.scrub("stop", "tank").stdout)
+            again = self.scrub("stop", "tank", check=False)
+            self.assertNotEqual(again.returncode, 0)
+            self.assertEqual(w.stop(), 0)
+        self.assertIn("stopped", self.scrub("status", "tank").stdout)
 
     def test_an_interrupted_scrub_resumes_from_its_checkpoint(self):
         a, b = self.file("a.img"), self.file("b.img")

@@ -26,7 +26,9 @@ class Weir:
 
     def start(self):
         listen = ["--listen", "127.0.0.1:0"] if self.tcp else ["--listen", "none"]
-        cmd = [WEIR, "serve", "--socket", self.socket, *listen, *self.args]
+        # A private admin port, so tests never meet another server's.
+        admin = [] if "--admin" in self.args else ["--admin", "127.0.0.1:0"]
+        cmd = [WEIR, "serve", "--socket", self.socket, *listen, *admin, *self.args]
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, cwd=self.dir, text=True)
         line = self.proc.stdout.readline()

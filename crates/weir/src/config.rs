@@ -8,6 +8,7 @@
 //! max_block_size = "32M"
 //! io_engine = "auto"             # auto | uring | threads
 //! log_level = "info"
+//! admin = "127.0.0.1:10810"     # "none": no admin endpoint
 //!
 //! [[export]]
 //! name = "disk"
@@ -26,6 +27,8 @@ use crate::device::{DeviceSpec, IoEngine};
 use crate::units::parse_bytes;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+/// The admin endpoint (pool status, scrub, replace, /metrics): localhost only by default.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:10810";
 pub const DEFAULT_DATA_DIR: &str = "./weir-data";
 pub const DEFAULT_EXPORT_NAME: &str = "default";
 pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
@@ -43,6 +46,7 @@ pub struct FileConfig {
     pub max_block_size: Option<Size>,
     pub io_engine: Option<IoEngine>,
     pub log_level: Option<String>,
+    pub admin: Option<String>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
 }
@@ -99,6 +103,9 @@ pub struct ServeArgs {
     /// Log level: error, warn, info, debug, trace [default: info; RUST_LOG overrides].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Admin endpoint for pool commands and /metrics ("none" to turn it off) [default: 127.0.0.1:10810].
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
 }
 
 /// One export, resolved.
@@ -119,6 +126,8 @@ pub struct ServeConfig {
     pub max_block_bytes: u32,
     pub io_engine: IoEngine,
     pub log_level: String,
+    /// None: no admin endpoint.
+    pub admin: Option<SocketAddr>,
     /// Empty means: serve the embedded default.
     pub exports: Vec<ExportSpec>,
 }
@@ -168,7 +177,16 @@ impl ServeConfig {
                 bail!("export {:?} is defined twice", export.name);
             }
         }
+        let admin_text = args
+            .admin
+            .clone()
+            .or(file.admin)
+            .unwrap_or_else(|| DEFAULT_ADMIN.into());
+        let admin = parse_listen(std::slice::from_ref(&admin_text))
+            .with_context(|| "the admin address")?
+            .pop();
         Ok(ServeConfig {
+            admin,
             listen,
             socket,
             data_dir: args

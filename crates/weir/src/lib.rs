@@ -17,6 +17,7 @@
 //!
 //! The NBD wire protocol lives in the `weir-nbd` crate and stops at `server`.
 
+pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod device;

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use weir::admin::AdminEndpoint;
 use weir::config::{ServeArgs, ServeConfig};
 use weir::device;
+use weir::pool::service::PoolService;
 use weir::pool::SingleDevice;
 use weir::sched::DeviceQueue;
 use weir::server::{self, Export, Exports, Listeners};
@@ -29,13 +31,13 @@ struct Cli {
 enum Command {
     /// Serve exports and pool volumes over NBD (with nothing configured: a mirrored demo volume).
     Serve(ServeArgs),
-    /// Pools of mirrored devices (so far: create and status; serving them comes next).
+    /// Pools of mirrored, checksummed devices: create, status, replace.
     #[command(subcommand)]
     Pool(weir::pool::cli::PoolCommand),
     /// Volumes in pools (so far offline: create, list, delete).
     #[command(subcommand)]
     Volume(weir::pool::cli::VolumeCommand),
-    /// Verify every copy of a pool's data and repair bad copies (offline for now).
+    /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
     #[command(subcommand)]
     Scrub(weir::pool::cli::ScrubCommand),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
@@ -95,7 +97,16 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let pool_volumes = weir::pool::volumes::open_all(&config.data_dir)?;
+    let (pools, pool_volumes) = weir::pool::volumes::open_all(&config.data_dir)?;
+    let service = Arc::new(PoolService::new(&config.data_dir, pools, true));
+    let admin = match config.admin {
+        Some(addr) if !service.pools().is_empty() => Some(AdminEndpoint::start(
+            addr,
+            &config.data_dir,
+            Arc::clone(&service),
+        )?),
+        _ => None,
+    };
     let specs = if config.exports.is_empty() && pool_volumes.is_empty() {
         vec![config.embedded_default()?]
     } else {
@@ -129,7 +140,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
     print_connect_hint(&listeners, &first_export);
-    server::serve(listeners, exports, &stop)
+    let served = server::serve(listeners, exports, &stop);
+    // Scrubs save their position; then the pools close cleanly as they drop.
+    service.close();
+    drop(admin);
+    drop(service);
+    served
 }
 
 fn export(name: &str, description: &str, volume: Volume, read_only: bool) -> Export {

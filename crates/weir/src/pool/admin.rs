@@ -115,7 +115,7 @@ fn check_pool_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
+pub(crate) fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
     let spec = DeviceSpec::parse(text).map_err(anyhow::Error::msg)?;
     let volatile = match &spec {
         DeviceSpec::Mem { .. } => true,
@@ -129,7 +129,7 @@ fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
 }
 
 /// The same device named twice, perhaps by different paths.
-fn identity(text: &str) -> String {
+pub(crate) fn identity(text: &str) -> String {
     if text.starts_with("model:") {
         return text.to_string();
     }
@@ -393,6 +393,27 @@ pub fn import_devices(
         devices,
         repaired_labels,
     })
+}
+
+/// Record that the member at `index` (layout order) is now `text`.
+pub fn set_member_spec(
+    data_dir: &Path,
+    pool: &str,
+    index: usize,
+    text: &str,
+) -> anyhow::Result<()> {
+    let mut registry = Registry::load(data_dir)?;
+    let entry = registry
+        .pool
+        .iter_mut()
+        .find(|p| p.name == pool)
+        .with_context(|| format!("no pool named {pool:?} in the registry"))?;
+    let slot = entry
+        .devices
+        .get_mut(index)
+        .with_context(|| format!("pool {pool:?} has no member {index} in the registry"))?;
+    *slot = text.to_string();
+    registry.save(data_dir)
 }
 
 /// Names of the registered pools, in registration order.

@@ -1,18 +1,47 @@
-//! The `weir pool` and `weir volume` command lines (offline: they work on
-//! the devices directly).
+//! The `weir pool`, `weir volume` and `weir scrub` command lines. Pool
+//! operations go to the running server's admin endpoint when a server
+//! holds the data directory, and work on the devices directly when none
+//! does (volume changes need the server stopped).
 
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::{admin, scrub, volumes};
+use super::scrub::{self, Checkpoint, ScrubState};
+use super::service::{PoolService, ScrubAction};
+use super::{admin, volumes};
+use crate::admin::client::AdminClient;
+
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 
 #[derive(Subcommand)]
 pub enum PoolCommand {
     /// Label devices as a new pool: `weir pool create tank mirror A B [mirror C D]`, or single devices.
     Create(CreateArgs),
-    /// Import each registered pool (or one) from its devices and show its state.
+    /// Show each pool (or one): state, members, error counters, scrub and resilver progress.
     Status(StatusArgs),
+    /// Put NEW in place of member OLD (failed or not) and resilver onto it.
+    Replace(ReplaceArgs),
+}
+
+#[derive(Args)]
+pub struct ReplaceArgs {
+    pool: String,
+    /// The member to replace: its device spec as registered, or its device id.
+    old: String,
+    /// The new device (may be OLD itself, to rebuild it in place).
+    new: String,
+    /// Take a device that carries another pool's label.
+    #[arg(long)]
+    force: bool,
+    /// Wait for the resilver to finish (always, without a running server).
+    #[arg(long)]
+    wait: bool,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -45,10 +74,87 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PoolCommand::Status(args) => {
-            print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?);
+            // admin::status takes the lock itself (to repair labels).
+            let server_up = admin::try_lock_data_dir(&args.data_dir)?.is_none();
+            match server_up {
+                false => print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?),
+                true => {
+                    let client = AdminClient::for_data_dir(&args.data_dir)?;
+                    let query: Vec<(&str, &str)> =
+                        args.name.iter().map(|n| ("pool", n.as_str())).collect();
+                    print!("{}", client.call("GET", "/v1/status", &query)?);
+                }
+            }
             Ok(())
         }
+        PoolCommand::Replace(args) => replace(&args),
     }
+}
+
+fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
+    let Some(lock) = admin::try_lock_data_dir(&args.data_dir)? else {
+        let client = AdminClient::for_data_dir(&args.data_dir)?;
+        let mut query = vec![
+            ("pool", args.pool.as_str()),
+            ("old", args.old.as_str()),
+            ("new", args.new.as_str()),
+        ];
+        if args.force {
+            query.push(("force", "1"));
+        }
+        print!("{}", client.call("POST", "/v1/replace", &query)?);
+        if args.wait {
+            wait_for_resilver(|| {
+                let status = client.call("GET", "/v1/status", &[("pool", &args.pool)])?;
+                Ok((status.contains("RESILVERING"), status))
+            })?;
+        }
+        return Ok(());
+    };
+    let service = open_local(&args.pool, &args.data_dir, false)?;
+    print!(
+        "{}",
+        service.replace(&args.pool, &args.old, &args.new, args.force)?
+    );
+    wait_for_resilver(|| {
+        let status = service.status(Some(&args.pool))?;
+        Ok((service.resilvering(&args.pool)?, status))
+    })?;
+    service.close();
+    drop(service);
+    drop(lock);
+    print!("{}", admin::status(Some(&args.pool), &args.data_dir)?);
+    Ok(())
+}
+
+/// Poll until the resilver ends, echoing its progress line.
+fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyhow::Result<()> {
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        let (busy, status) = poll()?;
+        if let Some(line) = status.lines().find(|l| l.starts_with("resilver:")) {
+            if tty {
+                eprint!("\r{line}\x1b[K");
+            } else {
+                eprintln!("{line}");
+            }
+        }
+        if !busy {
+            if tty {
+                eprintln!();
+            }
+            return Ok(());
+        }
+        std::thread::sleep(PROGRESS_INTERVAL);
+    }
+}
+
+/// Open one registered pool in this process (no server holds the directory).
+fn open_local(pool: &str, data_dir: &Path, resume_background: bool) -> anyhow::Result<PoolService> {
+    let imported = admin::import_registered(pool, data_dir, true)?;
+    let data = super::mirror::PoolData::open(&imported)
+        .with_context(|| format!("cannot open pool {pool:?}"))?;
+    Ok(PoolService::new(data_dir, vec![data], resume_background))
 }
 
 #[derive(Subcommand)]
@@ -109,16 +215,22 @@ pub fn volume_main(command: VolumeCommand) -> anyhow::Result<()> {
 
 #[derive(Subcommand)]
 pub enum ScrubCommand {
-    /// Scrub a pool to the end (offline, in the foreground; resumes an interrupted one).
+    /// Start a scrub (or resume a paused or interrupted one). Without a server, runs to the end here.
     Start(ScrubArgs),
-    /// The last scrub's result, or its progress if it was interrupted.
+    /// Pause a running scrub, keeping its position.
+    Pause(ScrubArgs),
+    /// Go on with a paused scrub.
+    Resume(ScrubArgs),
+    /// Stop a scrub; the next start begins again.
+    Stop(ScrubArgs),
+    /// Progress of the running scrub, or the last one's result.
     Status(ScrubArgs),
 }
 
 #[derive(Args)]
 pub struct ScrubArgs {
     pool: String,
-    /// Accepted for compatibility: an offline scrub always runs to the end.
+    /// Wait for the scrub to end, showing its progress (always, without a running server).
     #[arg(long)]
     wait: bool,
     #[arg(long, default_value = "./weir-data")]
@@ -126,15 +238,99 @@ pub struct ScrubArgs {
 }
 
 pub fn scrub_main(command: ScrubCommand) -> anyhow::Result<()> {
-    match command {
-        ScrubCommand::Start(args) => {
-            let result = scrub::start(&args.pool, &args.data_dir)?;
-            println!("{}", scrub::describe(&args.pool, &result));
-            if result.unrecoverable > 0 {
-                anyhow::bail!("{} blocks have no good copy left", result.unrecoverable);
+    let (action, args) = match command {
+        ScrubCommand::Start(args) => (Some(ScrubAction::Start), args),
+        ScrubCommand::Pause(args) => (Some(ScrubAction::Pause), args),
+        ScrubCommand::Resume(args) => (Some(ScrubAction::Resume), args),
+        ScrubCommand::Stop(args) => (Some(ScrubAction::Stop), args),
+        ScrubCommand::Status(args) => (None, args),
+    };
+    let pool = args.pool.as_str();
+    let last = match admin::try_lock_data_dir(&args.data_dir)? {
+        None => {
+            let client = AdminClient::for_data_dir(&args.data_dir)?;
+            let ask = |path: &str, method: &str| -> anyhow::Result<Option<Checkpoint>> {
+                let body = client.call(method, path, &[("pool", pool)])?;
+                serde_json::from_str(&body).context("malformed scrub progress from the server")
+            };
+            let mut checkpoint = match action {
+                Some(action) => ask(&format!("/v1/scrub/{}", action_name(action)), "POST")?,
+                None => ask("/v1/scrub", "GET")?,
+            };
+            if args.wait && action.is_some() {
+                checkpoint = wait_for_scrub(pool, || ask("/v1/scrub", "GET"))?;
+            }
+            checkpoint
+        }
+        Some(_lock) => match action {
+            None => scrub::load(pool, &args.data_dir)?,
+            Some(ScrubAction::Pause | ScrubAction::Stop) => {
+                // Nothing runs without a server: mark the saved scrub.
+                let service = open_local(pool, &args.data_dir, false)?;
+                Some(service.scrub(pool, action.expect("matched"))?)
+            }
+            Some(action) => {
+                let service = open_local(pool, &args.data_dir, false)?;
+                if let Some(previous) =
+                    scrub::load(pool, &args.data_dir)?.filter(Checkpoint::unfinished)
+                {
+                    eprintln!(
+                        "resuming the scrub of {pool} at {} of {} chunks",
+                        previous.chunks_done, previous.chunks_total
+                    );
+                }
+                service.scrub(pool, action)?;
+                let last = wait_for_scrub(pool, || service.scrub_status(pool))?;
+                service.close();
+                last
+            }
+        },
+    };
+    match last {
+        Some(c) => {
+            println!("{}", scrub::describe(pool, &c));
+            if c.unrecoverable > 0 && c.state == ScrubState::Finished {
+                anyhow::bail!("{} blocks have no good copy left", c.unrecoverable);
             }
         }
-        ScrubCommand::Status(args) => println!("{}", scrub::status(&args.pool, &args.data_dir)?),
+        None => println!("scrub {pool}: never run"),
     }
     Ok(())
+}
+
+fn action_name(action: ScrubAction) -> &'static str {
+    match action {
+        ScrubAction::Start => "start",
+        ScrubAction::Pause => "pause",
+        ScrubAction::Resume => "resume",
+        ScrubAction::Stop => "stop",
+    }
+}
+
+/// Poll until the scrub is no longer running, showing its progress.
+fn wait_for_scrub(
+    pool: &str,
+    poll: impl Fn() -> anyhow::Result<Option<Checkpoint>>,
+) -> anyhow::Result<Option<Checkpoint>> {
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        let checkpoint = poll()?;
+        let Some(c) = &checkpoint else {
+            return Ok(None);
+        };
+        if c.state != ScrubState::Running {
+            if tty {
+                eprintln!();
+            }
+            return Ok(checkpoint);
+        }
+        let line = scrub::describe(pool, c);
+        if tty {
+            eprint!("\r{line}\x1b[K");
+        } else {
+            eprintln!("{line}");
+        }
+        let _ = std::io::stderr().flush();
+        std::thread::sleep(PROGRESS_INTERVAL);
+    }
 }

@@ -10,6 +10,7 @@ pub mod label;
 mod members;
 pub mod mirror;
 pub mod scrub;
+pub mod service;
 pub mod volume_table;
 pub mod volumes;
 

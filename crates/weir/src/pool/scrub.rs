@@ -1,28 +1,50 @@
-//! `weir scrub`, offline: read every allocated block of every copy, chunk
-//! by chunk in LBA order, verify it, and rewrite bad copies from good ones.
-//! The position is checkpointed in `DATA_DIR/scrub-POOL.json`, so an
-//! interrupted scrub resumes where it stopped.
+//! Scrub: read every allocated block of every copy, chunk by chunk in LBA
+//! order, verify it, and rewrite bad copies from good ones, on a thread of
+//! its own while the pool serves. It can be paused, resumed and stopped;
+//! its position is checkpointed in `DATA_DIR/scrub-POOL.json`, so a scrub
+//! cut short by a restart resumes where it was.
+//!
+//! ```text
+//!  start ──> running ──pause──> paused ──resume──> running ──> finished
+//!               │                  │
+//!               └──────stop────────┴──> stopped     (shutdown: saved as running)
+//! ```
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anyhow::Context;
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
-use super::admin;
 use super::mirror::PoolData;
 
-/// Checkpoint after this many chunks (and at the end).
+/// Checkpoint after this many chunks (and at every change of state).
 const CHECKPOINT_EVERY_CHUNKS: u64 = 64;
-const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScrubState {
+    /// Running, or cut short by a restart (it resumes).
     #[default]
     Running,
+    Paused,
+    /// Stopped by the user; the next start begins again.
+    Stopped,
     Finished,
+}
+
+impl ScrubState {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScrubState::Running => "running",
+            ScrubState::Paused => "paused",
+            ScrubState::Stopped => "stopped",
+            ScrubState::Finished => "finished",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -36,14 +58,29 @@ pub struct Checkpoint {
     pub bytes_read: u64,
     pub repaired: u64,
     pub unrecoverable: u64,
+    /// Time spent scrubbing (pauses excluded).
     pub seconds: f64,
+}
+
+impl Checkpoint {
+    pub fn new(pool: &PoolData) -> Checkpoint {
+        Checkpoint {
+            chunks_total: pool.groups() as u64 * pool.chunks_per_group(),
+            ..Checkpoint::default()
+        }
+    }
+
+    /// Whether it can go on from here (a resume, or a start after a restart).
+    pub fn unfinished(&self) -> bool {
+        matches!(self.state, ScrubState::Running | ScrubState::Paused)
+    }
 }
 
 fn checkpoint_path(pool: &str, data_dir: &Path) -> PathBuf {
     data_dir.join(format!("scrub-{pool}.json"))
 }
 
-fn load(pool: &str, data_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
+pub fn load(pool: &str, data_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
     let path = checkpoint_path(pool, data_dir);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -56,7 +93,7 @@ fn load(pool: &str, data_dir: &Path) -> anyhow::Result<Option<Checkpoint>> {
     }
 }
 
-fn save(pool: &str, data_dir: &Path, checkpoint: &Checkpoint) -> anyhow::Result<()> {
+pub fn save(pool: &str, data_dir: &Path, checkpoint: &Checkpoint) -> anyhow::Result<()> {
     let path = checkpoint_path(pool, data_dir);
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, serde_json::to_string_pretty(checkpoint)?)?;
@@ -80,79 +117,205 @@ pub fn describe(pool: &str, c: &Checkpoint) -> String {
     } else {
         String::new()
     };
-    let state = match c.state {
-        ScrubState::Running => "running",
-        ScrubState::Finished => "finished",
-    };
     format!(
-        "scrub {pool}: {state}, {percent:.1}% ({} of {} chunks), {rate:.0} MB/s{eta}, {} repaired, {} unrecoverable",
-        c.chunks_done, c.chunks_total, c.repaired, c.unrecoverable
+        "scrub {pool}: {}, {percent:.1}% ({} of {} chunks), {rate:.0} MB/s{eta}, {} repaired, {} unrecoverable",
+        c.state.name(),
+        c.chunks_done,
+        c.chunks_total,
+        c.repaired,
+        c.unrecoverable
     )
 }
 
-/// Run (or resume) a scrub of `pool` to the end, showing progress.
-pub fn start(pool: &str, data_dir: &Path) -> anyhow::Result<Checkpoint> {
-    let _lock = admin::lock_data_dir(data_dir)?;
-    let imported = admin::import_registered(pool, data_dir, true)?;
-    let data = PoolData::open(&imported).with_context(|| format!("cannot open pool {pool:?}"))?;
-    let total = data.groups() as u64 * data.chunks_per_group();
-    let mut c = match load(pool, data_dir)? {
-        Some(previous)
-            if previous.state == ScrubState::Running && previous.chunks_total == total =>
-        {
-            eprintln!(
-                "resuming the scrub of {pool} at {} of {total} chunks",
-                previous.chunks_done
-            );
-            previous
-        }
-        _ => Checkpoint {
-            chunks_total: total,
-            ..Checkpoint::default()
-        },
-    };
-    let started = Instant::now();
-    let seconds_before = c.seconds;
-    let mut last_progress = Instant::now();
-    let tty = std::io::stderr().is_terminal();
-    while c.group < data.groups() {
-        while c.chunk < data.chunks_per_group() {
-            let result = data.scrub_chunk(c.group, c.chunk)?;
-            c.bytes_read += result.bytes_read;
-            c.repaired += result.repaired;
-            c.unrecoverable += result.unrecoverable;
-            c.chunk += 1;
-            c.chunks_done += 1;
-            c.seconds = seconds_before + started.elapsed().as_secs_f64();
-            if c.chunks_done % CHECKPOINT_EVERY_CHUNKS == 0 {
-                save(pool, data_dir, &c)?;
-            }
-            if last_progress.elapsed() >= PROGRESS_INTERVAL {
-                last_progress = Instant::now();
-                let line = describe(pool, &c);
-                if tty {
-                    eprint!("\r{line}\x1b[K");
-                } else {
-                    eprintln!("{line}");
-                }
-            }
-        }
-        c.group += 1;
-        c.chunk = 0;
-    }
-    c.state = ScrubState::Finished;
-    c.seconds = seconds_before + started.elapsed().as_secs_f64();
-    save(pool, data_dir, &c)?;
-    if tty {
-        eprintln!();
-    }
-    let _ = std::io::stderr().flush();
-    Ok(c)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Command {
+    Run,
+    Pause,
+    Stop,
+    /// The server is stopping: save the position so that it resumes.
+    Shutdown,
 }
 
-pub fn status(pool: &str, data_dir: &Path) -> anyhow::Result<String> {
-    Ok(match load(pool, data_dir)? {
-        Some(c) => describe(pool, &c),
-        None => format!("scrub {pool}: never run"),
-    })
+struct Control {
+    command: Command,
+    checkpoint: Checkpoint,
+}
+
+struct Shared {
+    pool: String,
+    data_dir: PathBuf,
+    control: Mutex<Control>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn save(&self, checkpoint: &Checkpoint) {
+        if let Err(err) = save(&self.pool, &self.data_dir, checkpoint) {
+            tracing::warn!(
+                pool = self.pool,
+                "cannot save the scrub checkpoint: {err:#}"
+            );
+        }
+    }
+}
+
+/// A scrub of one pool, on its own thread.
+pub struct Scrub {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Scrub {
+    /// Run a scrub from `checkpoint` (a fresh one, or one to resume).
+    pub fn spawn(pool: &Arc<PoolData>, data_dir: &Path, mut checkpoint: Checkpoint) -> Scrub {
+        checkpoint.state = ScrubState::Running;
+        let shared = Arc::new(Shared {
+            pool: pool.name().to_string(),
+            data_dir: data_dir.to_path_buf(),
+            control: Mutex::new(Control {
+                command: Command::Run,
+                checkpoint,
+            }),
+            wake: Condvar::new(),
+        });
+        shared.save(&shared.control.lock().checkpoint);
+        let weak = Arc::downgrade(pool);
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("weir-scrub-{}", pool.name()))
+            .spawn(move || run(weak, &thread_shared))
+            .map_err(|err| tracing::error!(error = %err, "cannot start the scrub thread"))
+            .ok();
+        Scrub { shared, thread }
+    }
+
+    pub fn checkpoint(&self) -> Checkpoint {
+        self.shared.control.lock().checkpoint.clone()
+    }
+
+    fn command(&self, command: Command) {
+        let mut control = self.shared.control.lock();
+        if control.checkpoint.state == ScrubState::Finished {
+            return;
+        }
+        control.command = command;
+        self.shared.wake.notify_all();
+    }
+
+    pub fn pause(&self) {
+        self.command(Command::Pause);
+    }
+
+    pub fn resume(&self) {
+        self.command(Command::Run);
+    }
+
+    pub fn stop(&self) {
+        self.command(Command::Stop);
+    }
+
+    /// Wait until the state is not `from` any more (a command took effect).
+    pub fn wait_while(&self, from: ScrubState) -> Checkpoint {
+        let mut control = self.shared.control.lock();
+        while control.checkpoint.state == from
+            && self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            self.shared
+                .wake
+                .wait_for(&mut control, std::time::Duration::from_millis(100));
+        }
+        control.checkpoint.clone()
+    }
+
+    /// Stop for a server shutdown, saving the position; waits for the thread.
+    pub fn shutdown(mut self) {
+        self.command(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(pool: Weak<PoolData>, shared: &Shared) {
+    let mut since_save = 0u64;
+    loop {
+        let (group, chunk) = {
+            let mut control = shared.control.lock();
+            loop {
+                match control.command {
+                    Command::Run => break,
+                    Command::Pause => {
+                        if control.checkpoint.state != ScrubState::Paused {
+                            control.checkpoint.state = ScrubState::Paused;
+                            shared.save(&control.checkpoint);
+                            shared.wake.notify_all();
+                        }
+                        shared.wake.wait(&mut control);
+                    }
+                    Command::Stop | Command::Shutdown => {
+                        if control.command == Command::Stop {
+                            control.checkpoint.state = ScrubState::Stopped;
+                        } else if control.checkpoint.state == ScrubState::Paused {
+                            // Stays paused across the restart.
+                        } else {
+                            control.checkpoint.state = ScrubState::Running;
+                        }
+                        shared.save(&control.checkpoint);
+                        shared.wake.notify_all();
+                        return;
+                    }
+                }
+            }
+            if control.checkpoint.state != ScrubState::Running {
+                control.checkpoint.state = ScrubState::Running;
+                shared.save(&control.checkpoint);
+                shared.wake.notify_all();
+            }
+            (control.checkpoint.group, control.checkpoint.chunk)
+        };
+        let Some(pool) = pool.upgrade().filter(|p| !p.is_closing()) else {
+            shared.save(&shared.control.lock().checkpoint);
+            return;
+        };
+        if group >= pool.groups() {
+            let mut control = shared.control.lock();
+            control.checkpoint.state = ScrubState::Finished;
+            shared.save(&control.checkpoint);
+            shared.wake.notify_all();
+            tracing::info!(
+                pool = shared.pool,
+                "{}",
+                describe(&shared.pool, &control.checkpoint)
+            );
+            return;
+        }
+        let started = Instant::now();
+        let result = pool.scrub_chunk(group, chunk);
+        let chunks_per_group = pool.chunks_per_group();
+        drop(pool);
+        let mut control = shared.control.lock();
+        let c = &mut control.checkpoint;
+        match result {
+            Ok(result) => {
+                c.bytes_read += result.bytes_read;
+                c.repaired += result.repaired;
+                c.unrecoverable += result.unrecoverable;
+            }
+            Err(err) => {
+                tracing::error!(pool = shared.pool, group, chunk, error = %err, "scrub: chunk failed")
+            }
+        }
+        c.seconds += started.elapsed().as_secs_f64();
+        c.chunks_done += 1;
+        c.chunk += 1;
+        if c.chunk >= chunks_per_group {
+            c.group += 1;
+            c.chunk = 0;
+        }
+        since_save += 1;
+        if since_save >= CHECKPOINT_EVERY_CHUNKS {
+            since_save = 0;
+            shared.save(c);
+        }
+    }
 }

@@ -152,24 +152,35 @@ pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
     write_table(&pool, &table)
 }
 
-/// Every volume of every registered pool, opened for serving, named
-/// `POOL/NAME`. The caller holds the data directory's lock.
-pub fn open_all(data_dir: &Path) -> anyhow::Result<Vec<(String, Arc<dyn super::Store>)>> {
+/// Every registered pool, opened, and every volume of them named
+/// `POOL/NAME`, for serving. The caller holds the data directory's lock.
+pub type Opened = (
+    Vec<Arc<super::mirror::PoolData>>,
+    Vec<(String, Arc<dyn super::Store>)>,
+);
+
+pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
+    let mut pools = Vec::new();
     let mut out: Vec<(String, Arc<dyn super::Store>)> = Vec::new();
     for pool_name in admin::registered_pools(data_dir)? {
         let pool = admin::import_registered(&pool_name, data_dir, true)?;
         let table = read_table(&pool)?;
-        if table.volumes.is_empty() {
-            continue;
-        }
         let data = super::mirror::PoolData::open(&pool)
             .with_context(|| format!("cannot open pool {pool_name:?}"))?;
+        if data.state_name() != "ONLINE" {
+            tracing::warn!(
+                pool = pool_name,
+                state = data.state_name(),
+                "serving a pool that is not ONLINE; see weir pool status"
+            );
+        }
         for entry in &table.volumes {
             let volume = super::mirror::PoolVolume::new(Arc::clone(&data), entry)?;
             out.push((format!("{pool_name}/{}", entry.name), Arc::new(volume)));
         }
+        pools.push(data);
     }
-    Ok(out)
+    Ok((pools, out))
 }
 
 /// Every volume of every registered pool (or of one).

@@ -100,6 +100,18 @@ impl Group {
 }
 
 impl PoolData {
+    pub fn pool_id(&self) -> u128 {
+        self.config.lock().pool_id
+    }
+
+    /// Whether a member of the pool is being resilvered.
+    pub fn resilvering(&self) -> bool {
+        self.groups
+            .iter()
+            .flat_map(|g| &g.slots)
+            .any(|s| s.health() == Health::Resilvering)
+    }
+
     pub fn state_name(&self) -> &'static str {
         let states: Vec<&str> = self.groups.iter().map(Group::state_name).collect();
         if states.iter().all(|s| *s == "ONLINE") {

@@ -1,0 +1,243 @@
+//! The operations on opened pools: status, scrub, replace, metrics. The
+//! running server answers them on its admin endpoint; with no server up,
+//! the CLI opens the pool and runs the same code in its own process.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use parking_lot::Mutex;
+
+use super::admin::{self, identity, open_member};
+use super::label::{choose, LabelError};
+use super::members::read_labels;
+use super::mirror::PoolData;
+use super::scrub::{self, Checkpoint, Scrub, ScrubState};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScrubAction {
+    Start,
+    Pause,
+    Resume,
+    Stop,
+}
+
+impl ScrubAction {
+    pub fn parse(text: &str) -> Option<ScrubAction> {
+        match text {
+            "start" => Some(ScrubAction::Start),
+            "pause" => Some(ScrubAction::Pause),
+            "resume" => Some(ScrubAction::Resume),
+            "stop" => Some(ScrubAction::Stop),
+            _ => None,
+        }
+    }
+}
+
+pub struct PoolService {
+    data_dir: PathBuf,
+    pools: Vec<Arc<PoolData>>,
+    scrubs: Mutex<HashMap<String, Scrub>>,
+}
+
+impl PoolService {
+    /// Take over opened pools; with `resume_background`, finish
+    /// interrupted resilvers and scrubs.
+    pub fn new(data_dir: &Path, pools: Vec<Arc<PoolData>>, resume_background: bool) -> PoolService {
+        let service = PoolService {
+            data_dir: data_dir.to_path_buf(),
+            pools,
+            scrubs: Mutex::new(HashMap::new()),
+        };
+        for pool in service.pools.iter().filter(|_| resume_background) {
+            pool.start_resilvers();
+            match scrub::load(pool.name(), data_dir) {
+                Ok(Some(c))
+                    if c.state == ScrubState::Running
+                        && c.chunks_total == Checkpoint::new(pool).chunks_total =>
+                {
+                    tracing::info!(
+                        pool = pool.name(),
+                        "resuming the interrupted scrub at {} of {} chunks",
+                        c.chunks_done,
+                        c.chunks_total
+                    );
+                    service
+                        .scrubs
+                        .lock()
+                        .insert(pool.name().into(), Scrub::spawn(pool, data_dir, c));
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(pool = pool.name(), "{err:#}"),
+            }
+        }
+        service
+    }
+
+    pub fn pool(&self, name: &str) -> anyhow::Result<&Arc<PoolData>> {
+        self.pools
+            .iter()
+            .find(|p| p.name() == name)
+            .with_context(|| format!("no pool named {name:?} is open"))
+    }
+
+    pub fn pools(&self) -> &[Arc<PoolData>] {
+        &self.pools
+    }
+
+    pub fn status(&self, name: Option<&str>) -> anyhow::Result<String> {
+        let pools: Vec<&Arc<PoolData>> = match name {
+            Some(name) => vec![self.pool(name)?],
+            None => self.pools.iter().collect(),
+        };
+        let mut out = String::new();
+        for pool in pools {
+            let scan = self
+                .scrub_status(pool.name())?
+                .map(|c| scrub::describe(pool.name(), &c));
+            out.push_str(&pool.status_text(scan.as_deref()));
+            out.push('\n');
+        }
+        if out.is_empty() {
+            out.push_str("no pools\n");
+        }
+        Ok(out)
+    }
+
+    /// The scrub's progress: live if one runs, else the last checkpoint.
+    pub fn scrub_status(&self, name: &str) -> anyhow::Result<Option<Checkpoint>> {
+        self.pool(name)?;
+        if let Some(scrub) = self.scrubs.lock().get(name) {
+            return Ok(Some(scrub.checkpoint()));
+        }
+        scrub::load(name, &self.data_dir)
+    }
+
+    pub fn scrub(&self, name: &str, action: ScrubAction) -> anyhow::Result<Checkpoint> {
+        let pool = self.pool(name)?;
+        let mut scrubs = self.scrubs.lock();
+        let live = scrubs
+            .get(name)
+            .map(|s| s.checkpoint().state)
+            .filter(|s| matches!(s, ScrubState::Running | ScrubState::Paused));
+        match (action, live) {
+            (ScrubAction::Start | ScrubAction::Resume, Some(ScrubState::Paused)) => {
+                let scrub = &scrubs[name];
+                scrub.resume();
+                Ok(scrub.wait_while(ScrubState::Paused))
+            }
+            (ScrubAction::Start, Some(_)) => bail!("a scrub of {name} is already running"),
+            (ScrubAction::Resume, Some(_)) => Ok(scrubs[name].checkpoint()),
+            (ScrubAction::Start | ScrubAction::Resume, None) => {
+                let previous = scrub::load(name, &self.data_dir)?;
+                let fresh = Checkpoint::new(pool);
+                let from = match previous {
+                    Some(c) if c.unfinished() && c.chunks_total == fresh.chunks_total => c,
+                    _ if action == ScrubAction::Resume => {
+                        bail!("no paused or interrupted scrub of {name} to resume")
+                    }
+                    _ => fresh,
+                };
+                let scrub = Scrub::spawn(pool, &self.data_dir, from);
+                let checkpoint = scrub.checkpoint();
+                scrubs.insert(name.into(), scrub);
+                Ok(checkpoint)
+            }
+            (ScrubAction::Pause, Some(ScrubState::Running)) => {
+                let scrub = &scrubs[name];
+                scrub.pause();
+                Ok(scrub.wait_while(ScrubState::Running))
+            }
+            (ScrubAction::Pause, Some(_)) => Ok(scrubs[name].checkpoint()),
+            (ScrubAction::Stop, Some(state)) => {
+                let scrub = &scrubs[name];
+                scrub.stop();
+                Ok(scrub.wait_while(state))
+            }
+            (ScrubAction::Pause | ScrubAction::Stop, None) => {
+                // Not running here: a paused or interrupted scrub on disk.
+                match scrub::load(name, &self.data_dir)? {
+                    Some(mut c) if c.unfinished() => {
+                        c.state = if action == ScrubAction::Stop {
+                            ScrubState::Stopped
+                        } else {
+                            ScrubState::Paused
+                        };
+                        scrub::save(name, &self.data_dir, &c)?;
+                        Ok(c)
+                    }
+                    _ => bail!("no scrub of {name} is running"),
+                }
+            }
+        }
+    }
+
+    /// `weir pool replace POOL OLD NEW`: NEW takes OLD's place and is
+    /// resilvered in the background.
+    pub fn replace(&self, name: &str, old: &str, new: &str, force: bool) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        let (group, member) = pool
+            .find_member(&identity(old))
+            .or_else(|| pool.find_member(old))
+            .with_context(|| format!("pool {name} has no member {old}"))?;
+        let new_text = identity(new);
+        let specs = pool.member_specs();
+        let copies = specs.len() / pool.groups();
+        let index = group * copies + member;
+        if specs
+            .iter()
+            .enumerate()
+            .any(|(i, s)| *s == new_text && i != index)
+        {
+            bail!("{new} is already a member of pool {name}");
+        }
+        let device = open_member(new)?;
+        match choose(read_labels(device.as_ref())) {
+            Err(LabelError::NotALabel) => {}
+            // The member being replaced, or an old member of this pool.
+            Ok(found) if found.label.pool_id == pool.pool_id() => {}
+            _ if force => tracing::warn!(device = new, "overwriting an existing label (--force)"),
+            Ok(found) => bail!(
+                "{new} belongs to pool {:?}; use --force to take it",
+                found.label.pool_name
+            ),
+            Err(err) => bail!("{new} has a damaged weir label ({err}); use --force to take it"),
+        }
+        pool.replace(group, member, device, &new_text, admin::random_id()?)
+            .with_context(|| format!("cannot replace {old} with {new}"))?;
+        admin::set_member_spec(&self.data_dir, name, index, &new_text)?;
+        Ok(format!(
+            "replacing {old} with {new} in pool {name}: resilver started\n"
+        ))
+    }
+
+    /// Prometheus text for every pool.
+    pub fn metrics(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# weir pools: member state and errors; device ops, bytes, in-flight and errors by class"
+        );
+        for pool in &self.pools {
+            pool.metrics(&mut out);
+        }
+        out
+    }
+
+    /// Whether any member of the pool is resilvering.
+    pub fn resilvering(&self, name: &str) -> anyhow::Result<bool> {
+        Ok(self.pool(name)?.resilvering())
+    }
+
+    /// For a server shutdown: scrubs save their position, background work stops.
+    pub fn close(&self) {
+        for (_, scrub) in self.scrubs.lock().drain() {
+            scrub.shutdown();
+        }
+        for pool in &self.pools {
+            pool.close();
+        }
+    }
+}
