@@ -239,6 +239,35 @@ class Serving(PoolTest):
                 left -= take
 
 
+class Import(PoolTest):
+    def test_a_pool_is_imported_from_its_devices_into_another_data_dir(self):
+        a, b, c, d = (self.file(n) for n in ("a.img", "b.img", "c.img", "d.img"))
+        self.weir("create", "tank", "mirror", a, b, "mirror", c, d)
+        self.volume("create", "tank/disk", "--size", "64M")
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        out = run(WEIR, "pool", "import", a, b, c, d, "--data-dir", elsewhere).stdout
+        self.assertIn("state: ONLINE", out)
+        self.assertIn("tank/disk", run(WEIR, "volume", "list", "--data-dir", elsewhere).stdout)
+        again = run(WEIR, "pool", "import", a, b, c, d, "--data-dir", elsewhere, check=False)
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("already registered", again.stderr)
+        # One copy of each mirror is enough to import (DEGRADED) ...
+        third = os.path.join(self.dir, "third")
+        out = run(WEIR, "pool", "import", a, d, "--data-dir", third).stdout
+        self.assertIn("state: DEGRADED", out)
+        # ... but a mirror with no member given is refused.
+        fourth = os.path.join(self.dir, "fourth")
+        none = run(WEIR, "pool", "import", a, b, "--data-dir", fourth, check=False)
+        self.assertNotEqual(none.returncode, 0)
+        self.assertIn("no current member", none.stderr)
+        # Devices of two pools do not add up to one.
+        e, f = self.file("e.img"), self.file("f.img")
+        self.weir("create", "other", "mirror", e, f)
+        mixed = run(WEIR, "pool", "import", a, b, c, e, "--data-dir", fourth, check=False)
+        self.assertNotEqual(mixed.returncode, 0)
+        self.assertIn("belongs to pool", mixed.stderr)
+
+
 class Replace(PoolTest):
     def test_a_vanished_member_is_faulted_writes_go_on_and_a_replacement_is_resilvered(self):
         a, b, c = (self.file(n, 512 * MIB) for n in ("a.img", "b.img", "c.img"))

@@ -395,6 +395,51 @@ pub fn import_devices(
     })
 }
 
+/// `weir pool import DEV...`: register the pool whose labels the devices
+/// carry (a registry lost, or disks moved from another machine). All must
+/// belong to one pool, and every mirror group needs a current member among
+/// them; members not given are registered as `missing:ID`, to be replaced.
+pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
+    let _lock = lock_data_dir(data_dir)?;
+    let identities: Vec<String> = texts.iter().map(|t| identity(t)).collect();
+    let found = import(&identities, true)?;
+    let name = found.label.pool_name.clone();
+    let mut registry = Registry::load(data_dir)?;
+    if registry.pool.iter().any(|p| p.name == name) {
+        bail!(
+            "a pool named {name:?} is already registered in {}",
+            Registry::path(data_dir).display()
+        );
+    }
+    if found.state() == "UNAVAIL" {
+        bail!("pool {name:?} cannot be imported: a mirror group has no current member among the devices given");
+    }
+    let devices = found
+        .members
+        .iter()
+        .zip(&found.label.layout.groups)
+        .flat_map(|(members, ids)| {
+            members
+                .iter()
+                .zip(ids)
+                .map(|((text, state), id)| match (text, state) {
+                    (
+                        Some(text),
+                        MemberState::Online | MemberState::Resilvering | MemberState::Stale,
+                    ) => text.clone(),
+                    _ => format!("missing:{id:032x}"),
+                })
+        })
+        .collect();
+    registry.pool.push(RegisteredPool {
+        name: name.clone(),
+        id: format!("{:032x}", found.label.pool_id),
+        devices,
+    });
+    registry.save(data_dir)?;
+    Ok(name)
+}
+
 /// Record that the member at `index` (layout order) is now `text`.
 pub fn set_member_spec(
     data_dir: &Path,

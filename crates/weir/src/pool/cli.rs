@@ -25,6 +25,17 @@ pub enum PoolCommand {
     Status(StatusArgs),
     /// Put NEW in place of member OLD (failed or not) and resilver onto it.
     Replace(ReplaceArgs),
+    /// Register the pool found on these devices by their labels (disks moved, or a registry lost).
+    Import(ImportArgs),
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The pool's devices; members not given are registered as missing.
+    #[arg(required = true, num_args = 1..)]
+    devices: Vec<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -88,6 +99,11 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PoolCommand::Replace(args) => replace(&args),
+        PoolCommand::Import(args) => {
+            let name = admin::import_new(&args.devices, &args.data_dir)?;
+            print!("{}", admin::status(Some(&name), &args.data_dir)?);
+            Ok(())
+        }
     }
 }
 

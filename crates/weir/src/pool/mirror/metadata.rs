@@ -15,6 +15,9 @@ use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
 use crate::pool::integrity::{resolve, BlockSum, CopyState, Resolution};
 use crate::sched::IoClass;
 
+/// Dirty-region bits in one 4 KiB page of the log.
+const LOG_BITS_PER_PAGE: u64 = PAGE_BYTES * 8;
+
 impl PoolData {
     /// At open: make every copy of each dirty region agree, then flush.
     pub(super) fn recover_group(&self, index: usize) -> io::Result<()> {
@@ -194,18 +197,36 @@ impl PoolData {
         Ok(())
     }
 
-    /// Write the log blocks holding `regions`' bits to every writable member.
-    pub(super) fn write_log_bits(
+    /// Make `regions`' bits, set at `version`, durable on every writable
+    /// member. Writers that queue behind one durable write usually find
+    /// their bits already in it (group commit for sequential writers).
+    pub(super) fn persist_log_bits(
         &self,
         group_index: usize,
         regions: &[u64],
-        durable: bool,
+        version: u64,
     ) -> io::Result<()> {
-        let _io = self.groups[group_index].metadata_io.lock();
-        self.write_log_images(group_index, regions, durable)
+        let group = &self.groups[group_index];
+        let _io = group.metadata_io.lock();
+        let pending: Vec<u64> = {
+            let state = group.state.lock();
+            regions
+                .iter()
+                .copied()
+                .filter(|r| {
+                    let block = r / LOG_BITS_PER_PAGE;
+                    state.log_durable.get(&block).is_none_or(|v| *v < version)
+                })
+                .collect()
+        };
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.write_log_images(group_index, &pending, true)
     }
 
-    /// `write_log_bits` with the group's metadata lock already held.
+    /// Write the log pages holding `regions`' bits, with the group's
+    /// metadata lock held.
     fn write_log_images(
         &self,
         group_index: usize,
@@ -213,21 +234,21 @@ impl PoolData {
         durable: bool,
     ) -> io::Result<()> {
         let group = &self.groups[group_index];
-        let blocks: BTreeSet<u64> = regions.iter().map(|r| r / (PAGE_BYTES * 8)).collect();
-        let images: Vec<(u64, Vec<u8>)> = {
+        let blocks: BTreeSet<u64> = regions.iter().map(|r| r / LOG_BITS_PER_PAGE).collect();
+        let (images, version) = {
             let state = group.state.lock();
-            blocks
+            let mut images: Vec<(u64, Vec<u8>)> = blocks
                 .iter()
-                .map(|&block| {
-                    let mut bytes = vec![0u8; PAGE_BYTES as usize];
-                    for bit in 0..PAGE_BYTES * 8 {
-                        if state.log.is_dirty(block * PAGE_BYTES * 8 + bit) {
-                            bytes[(bit / 8) as usize] |= 1 << (bit % 8);
-                        }
-                    }
-                    (block, bytes)
-                })
-                .collect()
+                .map(|&block| (block, vec![0u8; PAGE_BYTES as usize]))
+                .collect();
+            for region in state.log.dirty_regions() {
+                let block = region / LOG_BITS_PER_PAGE;
+                if let Some((_, bytes)) = images.iter_mut().find(|(b, _)| *b == block) {
+                    let bit = region % LOG_BITS_PER_PAGE;
+                    bytes[(bit / 8) as usize] |= 1 << (bit % 8);
+                }
+            }
+            (images, state.log_version)
         };
         let kind = if durable {
             IoClass::SyncWrite
@@ -241,7 +262,14 @@ impl PoolData {
             durable,
             kind,
             "dirty log write",
-        )
+        )?;
+        if durable {
+            let mut state = group.state.lock();
+            for block in blocks {
+                state.log_durable.insert(block, version);
+            }
+        }
+        Ok(())
     }
 
     /// Give a member that joins the group every metadata page: the whole
@@ -251,7 +279,7 @@ impl PoolData {
         {
             let _io = group.metadata_io.lock();
             let log_regions: Vec<u64> = (0..self.stripe.chunks_per_group)
-                .step_by((PAGE_BYTES * 8) as usize)
+                .step_by(LOG_BITS_PER_PAGE as usize)
                 .collect();
             self.write_log_images(group_index, &log_regions, true)?;
             let mut state = group.state.lock();

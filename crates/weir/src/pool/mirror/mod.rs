@@ -110,6 +110,12 @@ struct GroupState {
     /// Checksum pages changed since they were last written.
     dirty_pages: BTreeSet<u64>,
     log: DirtyLog,
+    /// Bumped whenever a region becomes newly dirty.
+    log_version: u64,
+    /// Per log block: the `log_version` its last durable image included.
+    /// A writer whose bits an earlier durable image already carried skips
+    /// its own write (group commit for sequential writers).
+    log_durable: std::collections::BTreeMap<u64, u64>,
 }
 
 struct Group {
@@ -205,6 +211,8 @@ impl PoolData {
                     sums: Vec::new(),
                     dirty_pages: BTreeSet::new(),
                     log: DirtyLog::default(),
+                    log_version: 0,
+                    log_durable: Default::default(),
                 }),
                 metadata_io: Mutex::new(()),
             };
@@ -214,6 +222,8 @@ impl PoolData {
                 sums,
                 dirty_pages: BTreeSet::new(),
                 log: DirtyLog::from_disk(dirty),
+                log_version: 0,
+                log_durable: Default::default(),
             };
             opened.push(group);
         }

@@ -102,19 +102,17 @@ impl PoolData {
     /// Set the log bits of the regions `pieces` touch, durably where new.
     /// On failure the write is withdrawn from the log's accounting.
     fn announce(&self, pieces: &[Piece]) -> io::Result<()> {
-        let mut newly: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut newly: Vec<(usize, Vec<u64>, u64)> = Vec::new();
         for piece in pieces {
-            let regions = self.groups[piece.group]
-                .state
-                .lock()
-                .log
-                .before_write(Self::regions_of(piece));
+            let mut state = self.groups[piece.group].state.lock();
+            let regions = state.log.before_write(Self::regions_of(piece));
             if !regions.is_empty() {
-                newly.push((piece.group, regions));
+                state.log_version += 1;
+                newly.push((piece.group, regions, state.log_version));
             }
         }
-        for (group, regions) in newly {
-            if let Err(err) = self.write_log_bits(group, &regions, true) {
+        for (group, regions, version) in newly {
+            if let Err(err) = self.persist_log_bits(group, &regions, version) {
                 for piece in pieces {
                     let mut state = self.groups[piece.group].state.lock();
                     state.log.after_write(Self::regions_of(piece));
