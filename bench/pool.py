@@ -67,7 +67,7 @@ def table(title, results, baseline, jobs):
 
 def serve(tmp, name, args):
     sock = os.path.join(tmp, f"{name}.sock")
-    cmd = [WEIR, "serve", "--listen", "none", "--socket", sock, "--log-level", "warn", *args]
+    cmd = [WEIR, "serve", "--listen", "none", "--socket", sock, "--admin", "127.0.0.1:0", "--log-level", "warn", *args]
     print("  " + shlex.join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_socket(sock, proc, timeout=120)

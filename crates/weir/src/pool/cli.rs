@@ -279,7 +279,15 @@ pub fn scrub_main(command: ScrubCommand) -> anyhow::Result<()> {
             checkpoint
         }
         Some(_lock) => match action {
-            None => scrub::load(pool, &args.data_dir)?,
+            None => {
+                if !admin::registered_pools(&args.data_dir)?
+                    .iter()
+                    .any(|p| p == pool)
+                {
+                    anyhow::bail!("no pool named {pool:?} in {}", args.data_dir.display());
+                }
+                scrub::load(pool, &args.data_dir)?
+            }
             Some(ScrubAction::Pause | ScrubAction::Stop) => {
                 // Nothing runs without a server: mark the saved scrub.
                 let service = open_local(pool, &args.data_dir, false)?;
