@@ -3,6 +3,15 @@
 //! The scheduler proper (class min/max active, latency feedback) slots in
 //! here without changing the layers above or below.
 
+mod adaptive;
+pub mod queue;
+mod zfs;
+
+#[cfg(test)]
+mod tests;
+
+pub use queue::{Dispatch, IoQueue, Mode, QueuedIo};
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 

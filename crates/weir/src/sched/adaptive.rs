@@ -1,0 +1,228 @@
+//! weir's own choice of class: interactive I/O always goes; background I/O
+//! (readahead, writeback, scrub, resilver, trim) gets as much depth as the
+//! interactive latency target allows. The target comes from measurement:
+//! the device's recent interactive latency when no background I/O ran
+//! beside it. Over the target the depth halves; under it, it grows by one
+//! per window of samples. When interactive I/O stops, background gets the
+//! device; and it always keeps a share of device time. No constant here
+//! depends on the kind of device: every time is a multiple of a latency
+//! the device showed. See docs/scheduler.md.
+
+use super::queue::{ClassActivity, CLASSES};
+use super::IoClass;
+use crate::device::model::Nanos;
+
+/// Interactive latency may reach this multiple of its clean level before
+/// background depth is cut.
+const TARGET_FACTOR: f64 = 1.5;
+/// Background depth when the device is otherwise idle, and its ceiling.
+const BACKGROUND_DEPTH_MAX: f64 = 8.0;
+/// With interactive work present, background still gets one I/O after
+/// being held for this many of its own service times: about a tenth of the
+/// device's time.
+const SHARE_WINDOW_SERVICES: f64 = 9.0;
+/// Interactive work counts as gone after this many of its service times
+/// without any.
+const IDLE_AFTER_SERVICES: f64 = 2.0;
+/// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
+const EWMA_WEIGHT: f64 = 0.125;
+/// Clean interactive samples needed before the target is trusted, and
+/// taken again after this many samples with background beside them.
+const CLEAN_SAMPLES_WANTED: u32 = 8;
+const REFRESH_AFTER_SAMPLES: u32 = 512;
+
+/// A decaying average of latencies (ns).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ewma {
+    value: f64,
+    samples: u32,
+}
+
+impl Ewma {
+    pub fn record(&mut self, sample: f64) {
+        self.value = if self.samples == 0 {
+            sample
+        } else {
+            self.value + EWMA_WEIGHT * (sample - self.value)
+        };
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        (self.samples > 0).then_some(self.value)
+    }
+}
+
+#[derive(Debug)]
+pub struct Adaptive {
+    active: [u32; CLASSES],
+    /// Decaying service latency per class.
+    latency: [Ewma; CLASSES],
+    /// Interactive latency with no background I/O beside it.
+    clean: Ewma,
+    /// Clean samples still to take before background may grow again.
+    clean_wanted: u32,
+    /// Interactive samples since the last clean one.
+    since_clean: u32,
+    /// Background depth allowed while interactive work is present.
+    depth: f64,
+    /// Background issues so far: an interactive I/O that saw one is not clean.
+    background_issues: u64,
+    last_interactive: Nanos,
+    last_background: Nanos,
+}
+
+impl Default for Adaptive {
+    fn default() -> Adaptive {
+        Adaptive {
+            active: [0; CLASSES],
+            latency: [Ewma::default(); CLASSES],
+            clean: Ewma::default(),
+            clean_wanted: CLEAN_SAMPLES_WANTED,
+            since_clean: 0,
+            depth: 1.0,
+            background_issues: 0,
+            last_interactive: 0,
+            last_background: 0,
+        }
+    }
+}
+
+/// Background classes in the order they are served.
+const BACKGROUND: [IoClass; 5] = [
+    IoClass::AsyncRead,
+    IoClass::AsyncWrite,
+    IoClass::Resilver,
+    IoClass::Scrub,
+    IoClass::Trim,
+];
+
+fn is_background(class: IoClass) -> bool {
+    !matches!(class, IoClass::SyncRead | IoClass::SyncWrite)
+}
+
+impl Adaptive {
+    fn interactive_service(&self) -> Option<f64> {
+        let ia = [IoClass::SyncRead, IoClass::SyncWrite];
+        ia.iter()
+            .filter_map(|c| self.latency[*c as usize].get())
+            .reduce(f64::min)
+    }
+
+    fn background_service(&self) -> Option<f64> {
+        BACKGROUND
+            .iter()
+            .filter_map(|c| self.latency[*c as usize].get())
+            .reduce(f64::max)
+    }
+
+    /// Whether interactive work is present (active, waiting, or recent).
+    fn interactive_present(&self, queued: &[ClassActivity; CLASSES], now: Nanos) -> bool {
+        let busy = [IoClass::SyncRead, IoClass::SyncWrite]
+            .iter()
+            .any(|c| queued[*c as usize].queued > 0 || self.active[*c as usize] > 0);
+        if busy {
+            return true;
+        }
+        let idle_after = self
+            .interactive_service()
+            .map_or(0.0, |s| s * IDLE_AFTER_SERVICES);
+        (now.saturating_sub(self.last_interactive) as f64) < idle_after
+    }
+
+    fn share_window(&self) -> Option<Nanos> {
+        self.background_service()
+            .map(|s| (s * SHARE_WINDOW_SERVICES) as Nanos)
+    }
+
+    /// The background depth allowed now.
+    fn background_limit(&self, queued: &[ClassActivity; CLASSES], now: Nanos) -> u32 {
+        if !self.interactive_present(queued, now) {
+            return BACKGROUND_DEPTH_MAX as u32;
+        }
+        let granted = if self.clean_wanted > 0 {
+            0
+        } else {
+            self.depth.floor() as u32
+        };
+        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
+        let starved = background_active == 0
+            && self
+                .share_window()
+                .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
+        granted.max(u32::from(starved))
+    }
+
+    pub fn class_to_issue(
+        &mut self,
+        queued: &[ClassActivity; CLASSES],
+        now: Nanos,
+    ) -> Option<IoClass> {
+        for class in [IoClass::SyncRead, IoClass::SyncWrite] {
+            if queued[class as usize].queued > 0 {
+                return Some(class);
+            }
+        }
+        let limit = self.background_limit(queued, now);
+        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
+        if background_active >= limit {
+            return None;
+        }
+        BACKGROUND
+            .into_iter()
+            .find(|c| queued[*c as usize].queued > 0)
+    }
+
+    /// An I/O of `class` went to the device; the token goes back with its
+    /// completion.
+    pub fn issued(&mut self, class: IoClass, now: Nanos) -> u64 {
+        self.active[class as usize] += 1;
+        if is_background(class) {
+            self.background_issues += 1;
+            self.last_background = now;
+        } else {
+            self.last_interactive = now;
+        }
+        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
+        // Encode whether background was already active, and the issue count.
+        (self.background_issues << 1) | u64::from(background_active > 0)
+    }
+
+    pub fn completed(&mut self, class: IoClass, token: u64, latency: Nanos, now: Nanos) {
+        self.active[class as usize] -= 1;
+        let sample = latency as f64;
+        self.latency[class as usize].record(sample);
+        if is_background(class) {
+            return;
+        }
+        self.last_interactive = now;
+        let clean = token & 1 == 0 && token >> 1 == self.background_issues;
+        if clean {
+            self.clean.record(sample);
+            self.clean_wanted = self.clean_wanted.saturating_sub(1);
+            self.since_clean = 0;
+            return;
+        }
+        self.since_clean += 1;
+        if self.since_clean >= REFRESH_AFTER_SAMPLES && self.clean_wanted == 0 {
+            self.clean_wanted = CLEAN_SAMPLES_WANTED;
+        }
+        let Some(clean) = self.clean.get() else {
+            return;
+        };
+        if sample > clean * TARGET_FACTOR {
+            self.depth = (self.depth / 2.0).max(0.0);
+        } else {
+            self.depth = (self.depth + 1.0 / self.depth.max(1.0)).min(BACKGROUND_DEPTH_MAX);
+        }
+    }
+
+    /// When a timer of ours runs out (share window, idle), if one is set.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        let share = self.share_window().map(|w| self.last_background + w);
+        let idle = self
+            .interactive_service()
+            .map(|s| self.last_interactive + (s * IDLE_AFTER_SERVICES) as Nanos);
+        share.into_iter().chain(idle).min()
+    }
+}

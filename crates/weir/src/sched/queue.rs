@@ -1,0 +1,361 @@
+//! The per-device queue as a sans-IO state machine: I/Os come in tagged
+//! with their class, the mode decides which goes to the device next, and
+//! completions feed back. Driven in real time by `DeviceQueue` and in
+//! virtual time by the simulator; it never reads a clock.
+//!
+//! ```text
+//!  enqueue(io, now) ──> class queues (sync: FIFO; others: LBA order, aged)
+//!  next_to_issue(now) ──> mode picks a class (fifo / zfs / adaptive)
+//!                         ──> the I/O, merged with adjacent ones of its class
+//!  complete(id, now) ──> the merged I/Os back; latency feeds the mode
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use super::adaptive::Adaptive;
+use super::zfs::Zfs;
+use super::IoClass;
+use crate::device::model::{Nanos, NANOS_PER_SEC};
+
+pub const CLASSES: usize = IoClass::ALL.len();
+/// Nothing waits longer than this for its class to pick it (LBA classes).
+const AGE_BOUND_NS: Nanos = 2 * NANOS_PER_SEC;
+/// Merged I/Os stay within this span: rotating devices gain from large
+/// transfers, flash much less (OpenZFS uses the same two limits).
+const MERGE_LIMIT_ROTATING: u64 = 1 << 20;
+const MERGE_LIMIT_FLASH: u64 = 128 << 10;
+/// A read may span a hole this large between merged reads (read and dropped).
+const READ_GAP_BYTES: u64 = 32 << 10;
+
+/// How a device queue chooses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// No scheduling: every I/O goes to the device at once, in order.
+    Fifo,
+    /// OpenZFS's vdev queue (after PR 11166), with its default numbers.
+    Zfs,
+    /// weir's own: background depth from measured interactive latency.
+    #[default]
+    Adaptive,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Fifo => "fifo",
+            Mode::Zfs => "zfs",
+            Mode::Adaptive => "adaptive",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Mode> {
+        [Mode::Fifo, Mode::Zfs, Mode::Adaptive]
+            .into_iter()
+            .find(|m| m.name() == text)
+    }
+}
+
+/// One I/O as the queue sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuedIo {
+    pub id: u64,
+    pub class: IoClass,
+    pub offset: u64,
+    pub length: u64,
+    pub write: bool,
+}
+
+/// What goes to the device: one I/O, or several adjacent ones merged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatch {
+    /// The first I/O's id; `complete` takes it.
+    pub id: u64,
+    pub class: IoClass,
+    pub offset: u64,
+    pub length: u64,
+    pub write: bool,
+    pub ios: Vec<QueuedIo>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    io: QueuedIo,
+    since: Nanos,
+}
+
+/// The I/Os of one class waiting their turn.
+#[derive(Default)]
+struct ClassQueue {
+    /// Keyed by (offset, seq) for LBA-ordered classes, (0, seq) for FIFO ones.
+    by_key: BTreeMap<(u64, u64), Waiting>,
+    /// (enqueued at, seq) -> key, for the age bound.
+    by_age: BTreeSet<(Nanos, u64, (u64, u64))>,
+    bytes: u64,
+}
+
+impl ClassQueue {
+    fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    fn insert(&mut self, key: (u64, u64), waiting: Waiting) {
+        self.bytes += waiting.io.length;
+        self.by_age.insert((waiting.since, key.1, key));
+        self.by_key.insert(key, waiting);
+    }
+
+    fn remove(&mut self, key: (u64, u64)) -> Waiting {
+        let waiting = self.by_key.remove(&key).expect("queued");
+        self.by_age.remove(&(waiting.since, key.1, key));
+        self.bytes -= waiting.io.length;
+        waiting
+    }
+}
+
+/// Counters of one class, for iostat and /metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassActivity {
+    pub queued: usize,
+    pub active: u32,
+}
+
+struct InFlight {
+    class: IoClass,
+    issued: Nanos,
+    /// What the adaptive mode needs back at completion.
+    token: u64,
+    ios: Vec<QueuedIo>,
+}
+
+pub struct IoQueue {
+    mode: Mode,
+    merge_limit: u64,
+    fifo: VecDeque<Waiting>,
+    classes: [ClassQueue; CLASSES],
+    active: [u32; CLASSES],
+    active_total: u32,
+    in_flight: HashMap<u64, InFlight>,
+    next_seq: u64,
+    /// End of the last LBA-ordered dispatch: the elevator continues there.
+    last_end: u64,
+    zfs: Zfs,
+    adaptive: Adaptive,
+}
+
+impl IoClass {
+    /// FIFO classes keep arrival order; the others go in LBA order.
+    pub fn is_fifo(self) -> bool {
+        matches!(self, IoClass::SyncRead | IoClass::SyncWrite | IoClass::Trim)
+    }
+
+    /// A client waits on it (OpenZFS's "interactive").
+    pub fn is_interactive(self) -> bool {
+        !matches!(self, IoClass::Scrub | IoClass::Resilver)
+    }
+}
+
+impl IoQueue {
+    pub fn new(mode: Mode, rotational: bool) -> IoQueue {
+        IoQueue {
+            mode,
+            merge_limit: if rotational {
+                MERGE_LIMIT_ROTATING
+            } else {
+                MERGE_LIMIT_FLASH
+            },
+            fifo: VecDeque::new(),
+            classes: Default::default(),
+            active: [0; CLASSES],
+            active_total: 0,
+            in_flight: HashMap::new(),
+            next_seq: 0,
+            last_end: 0,
+            zfs: Zfs::default(),
+            adaptive: Adaptive::default(),
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Change mode at run time; waiting I/Os move to the new structure.
+    pub fn set_mode(&mut self, mode: Mode, now: Nanos) {
+        if mode == self.mode {
+            return;
+        }
+        let mut waiting: Vec<Waiting> = self.fifo.drain(..).collect();
+        for class in &mut self.classes {
+            let keys: Vec<(u64, u64)> = class.by_key.keys().copied().collect();
+            waiting.extend(keys.into_iter().map(|k| class.remove(k)));
+        }
+        waiting.sort_by_key(|w| w.since);
+        self.mode = mode;
+        for w in waiting {
+            self.enqueue(w.io, w.since.min(now));
+        }
+    }
+
+    pub fn enqueue(&mut self, io: QueuedIo, now: Nanos) {
+        let waiting = Waiting { io, since: now };
+        if self.mode == Mode::Fifo {
+            self.fifo.push_back(waiting);
+            return;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let key = if io.class.is_fifo() {
+            (0, seq)
+        } else {
+            (io.offset, seq)
+        };
+        self.classes[io.class as usize].insert(key, waiting);
+    }
+
+    /// The next device operation, if the mode lets one go now.
+    pub fn next_to_issue(&mut self, now: Nanos) -> Option<Dispatch> {
+        let dispatch = match self.mode {
+            Mode::Fifo => {
+                let w = self.fifo.pop_front()?;
+                Dispatch {
+                    id: w.io.id,
+                    class: w.io.class,
+                    offset: w.io.offset,
+                    length: w.io.length,
+                    write: w.io.write,
+                    ios: vec![w.io],
+                }
+            }
+            Mode::Zfs | Mode::Adaptive => {
+                let queued = self.activity();
+                let class = match self.mode {
+                    Mode::Zfs => self.zfs.class_to_issue(&queued, self.async_write_bytes()),
+                    _ => self.adaptive.class_to_issue(&queued, now),
+                }?;
+                self.take(class, now)
+            }
+        };
+        let class = dispatch.class;
+        self.active[class as usize] += 1;
+        self.active_total += 1;
+        let token = match self.mode {
+            Mode::Zfs => {
+                self.zfs.issued(class);
+                0
+            }
+            Mode::Adaptive => self.adaptive.issued(class, now),
+            Mode::Fifo => 0,
+        };
+        self.in_flight.insert(
+            dispatch.id,
+            InFlight {
+                class,
+                issued: now,
+                token,
+                ios: dispatch.ios.clone(),
+            },
+        );
+        Some(dispatch)
+    }
+
+    /// A dispatch finished: its I/Os, for the caller to complete.
+    pub fn complete(&mut self, id: u64, now: Nanos) -> Vec<QueuedIo> {
+        let done = self
+            .in_flight
+            .remove(&id)
+            .expect("completed dispatch was in flight");
+        self.active[done.class as usize] -= 1;
+        self.active_total -= 1;
+        let latency = now.saturating_sub(done.issued);
+        match self.mode {
+            Mode::Zfs => self.zfs.completed(done.class),
+            Mode::Adaptive => self
+                .adaptive
+                .completed(done.class, done.token, latency, now),
+            Mode::Fifo => {}
+        }
+        done.ios
+    }
+
+    /// When, after `now`, the mode wants to be asked again even with no
+    /// completion (a timer of the adaptive mode), if anything waits.
+    pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
+        if self.mode != Mode::Adaptive || self.classes.iter().all(|c| c.len() == 0) {
+            return None;
+        }
+        self.adaptive.next_deadline().filter(|t| *t > now)
+    }
+
+    /// Per class: waiting and active counts.
+    pub fn activity(&self) -> [ClassActivity; CLASSES] {
+        let mut out = [ClassActivity::default(); CLASSES];
+        for (i, a) in out.iter_mut().enumerate() {
+            a.queued = self.classes[i].len();
+            a.active = self.active[i];
+        }
+        if self.mode == Mode::Fifo {
+            for w in &self.fifo {
+                out[w.io.class as usize].queued += 1;
+            }
+        }
+        out
+    }
+
+    pub fn active_total(&self) -> u32 {
+        self.active_total
+    }
+
+    pub fn waiting_total(&self) -> usize {
+        self.fifo.len() + self.classes.iter().map(ClassQueue::len).sum::<usize>()
+    }
+
+    fn async_write_bytes(&self) -> u64 {
+        self.classes[IoClass::AsyncWrite as usize].bytes
+    }
+
+    /// Take the next I/O of `class` (and what merges with it).
+    fn take(&mut self, class: IoClass, now: Nanos) -> Dispatch {
+        let queue = &mut self.classes[class as usize];
+        let oldest = *queue.by_age.first().expect("the class has I/Os");
+        let key = if class.is_fifo() || now.saturating_sub(oldest.0) >= AGE_BOUND_NS {
+            oldest.2
+        } else {
+            // The elevator: the first at or after where the last one ended.
+            *queue
+                .by_key
+                .range((self.last_end, 0)..)
+                .next()
+                .or_else(|| queue.by_key.iter().next())
+                .expect("the class has I/Os")
+                .0
+        };
+        let first = queue.remove(key).io;
+        let mut ios = vec![first];
+        let mut end = first.offset + first.length;
+        if !class.is_fifo() {
+            let gap = if first.write { 0 } else { READ_GAP_BYTES };
+            while let Some((&next_key, next)) = queue.by_key.range((end, 0)..).next() {
+                let io = next.io;
+                if io.write != first.write
+                    || io.offset > end + gap
+                    || io.offset + io.length - first.offset > self.merge_limit
+                {
+                    break;
+                }
+                queue.remove(next_key);
+                end = end.max(io.offset + io.length);
+                ios.push(io);
+            }
+            self.last_end = end;
+        }
+        Dispatch {
+            id: first.id,
+            class,
+            offset: first.offset,
+            length: end - first.offset,
+            write: first.write,
+            ios,
+        }
+    }
+}

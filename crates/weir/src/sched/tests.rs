@@ -1,0 +1,112 @@
+//! The queue's modes on hand-made sequences of I/Os.
+
+use super::*;
+
+fn io(id: u64, class: IoClass, offset: u64, length: u64) -> QueuedIo {
+    QueuedIo {
+        id,
+        class,
+        offset,
+        length,
+        write: false,
+    }
+}
+
+fn drain(queue: &mut IoQueue, now: u64) -> Vec<Dispatch> {
+    std::iter::from_fn(|| queue.next_to_issue(now)).collect()
+}
+
+#[test]
+fn fifo_sends_everything_at_once_in_order() {
+    let mut queue = IoQueue::new(Mode::Fifo, true);
+    for id in 0..5 {
+        queue.enqueue(io(id, IoClass::Scrub, (5 - id) << 20, 1 << 20), 0);
+    }
+    let ids: Vec<u64> = drain(&mut queue, 0).iter().map(|d| d.id).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn background_classes_go_in_lba_order_and_adjacent_reads_merge() {
+    let mut queue = IoQueue::new(Mode::Zfs, true);
+    // Out of order, adjacent, with one 16 KiB gap (filled) and one far away.
+    queue.enqueue(io(1, IoClass::Scrub, 256 << 10, 128 << 10), 0);
+    queue.enqueue(io(2, IoClass::Scrub, 0, 128 << 10), 0);
+    queue.enqueue(io(3, IoClass::Scrub, 128 << 10, 128 << 10), 0);
+    queue.enqueue(io(4, IoClass::Scrub, (400 << 10) + (16 << 10), 64 << 10), 0);
+    queue.enqueue(io(5, IoClass::Scrub, 100 << 20, 4096), 0);
+    let first = queue.next_to_issue(0).expect("one");
+    assert_eq!(first.offset, 0);
+    assert_eq!(
+        first.ios.iter().map(|i| i.id).collect::<Vec<_>>(),
+        vec![2, 3, 1, 4]
+    );
+    assert_eq!(first.length, (400 << 10) + (16 << 10) + (64 << 10));
+    let done = queue.complete(first.id, 10);
+    assert_eq!(done.len(), 4);
+}
+
+#[test]
+fn zfs_lets_one_scrub_io_beside_interactive_reads_and_three_alone() {
+    let mut queue = IoQueue::new(Mode::Zfs, true);
+    for id in 0..8 {
+        queue.enqueue(io(100 + id, IoClass::Scrub, (id * 8) << 20, 1 << 20), 0);
+    }
+    // Alone, scrub runs at its minimum (1) until five completions have
+    // built the non-interactive credit up to zfs_vdev_nia_delay; then at
+    // its maximum (3).
+    let mut active = drain(&mut queue, 0);
+    assert_eq!(active.len(), 1);
+    for step in 1..=5 {
+        let d = active.pop().unwrap();
+        queue.complete(d.id, step);
+        active.extend(drain(&mut queue, step));
+    }
+    assert_eq!(active.len(), 3, "credit reached: scrub max_active");
+    // With a sync read active, scrub is held to min(credit, 1).
+    let mut queue = IoQueue::new(Mode::Zfs, true);
+    queue.enqueue(io(1, IoClass::SyncRead, 0, 4096), 0);
+    for id in 0..4 {
+        queue.enqueue(io(10 + id, IoClass::Scrub, (id * 8) << 20, 1 << 20), 0);
+    }
+    let issued = drain(&mut queue, 0);
+    let scrubs = issued.iter().filter(|d| d.class == IoClass::Scrub).count();
+    assert!(issued.iter().any(|d| d.class == IoClass::SyncRead));
+    assert_eq!(scrubs, 1, "one scrub I/O beside an interactive read");
+}
+
+#[test]
+fn adaptive_cuts_background_when_interactive_latency_rises_and_keeps_a_share() {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let mut now = 0;
+    // Clean interactive samples: 1 ms each, no background around.
+    for id in 0..10 {
+        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
+        let d = queue.next_to_issue(now).unwrap();
+        now += 1_000_000;
+        queue.complete(d.id, now);
+    }
+    // Reads beside a scrub I/O take 10 ms, alone 1 ms. Depth is cut to
+    // zero, yet background still gets one I/O per share window.
+    for id in 0..50 {
+        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
+    }
+    let mut scrub_issued = 0;
+    let mut slow_reads = 0;
+    for id in 0..200 {
+        queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 20, 4096), now);
+        let ds = drain(&mut queue, now);
+        let beside = ds.iter().any(|d| d.class == IoClass::Scrub);
+        scrub_issued += ds.iter().filter(|d| d.class == IoClass::Scrub).count();
+        slow_reads += usize::from(beside);
+        now += if beside { 10_000_000 } else { 1_000_000 };
+        for d in ds {
+            queue.complete(d.id, now);
+        }
+    }
+    assert!(scrub_issued > 0, "background never starves");
+    assert!(
+        slow_reads < 40,
+        "background was cut: {slow_reads} of 200 reads had a scrub I/O beside them"
+    );
+}
