@@ -11,6 +11,7 @@ use super::report::Report;
 use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
 use super::{emit, parse_jobs, run_jobs, Target};
 use crate::device::model::ModelSpec;
+use crate::sched::Mode;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -22,6 +23,8 @@ pub enum BenchCommand {
     ScrubVsRandread(ScenarioArgs),
     /// Seed 001: bursts of large writes stall reads on a SATA SSD.
     WritebackVsRandread(ScenarioArgs),
+    /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors (sim only, so far).
+    Scheduler(ScenarioArgs),
 }
 
 #[derive(Args)]
@@ -30,13 +33,22 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "uri")]
     sim: bool,
     /// The device for --sim: model:KIND,size=SIZE[,param=value...].
-    #[arg(long, requires = "sim")]
+    #[arg(long, requires = "sim", conflicts_with = "pool")]
     device: Option<String>,
+    /// For --sim, a pool: 'mirror model:... model:...' (the `weir pool create` layout).
+    #[arg(long, requires = "sim")]
+    pool: Option<String>,
+    /// For --sim: the device queues' mode [default: adaptive with --pool, fifo with --device].
+    #[arg(long, value_enum, requires = "sim")]
+    sched: Option<Mode>,
+    /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
+    #[arg(long)]
+    scrub: bool,
     /// Real time through NBD: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
     #[arg(long)]
     uri: Option<String>,
     /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,think=T,mix=F,offset=B,size=B,start=S,stop=S,class=C].
-    #[arg(long = "job", required = true)]
+    #[arg(long = "job", required_unless_present = "scrub")]
     jobs: Vec<String>,
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
@@ -73,6 +85,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Run(args) => run(args),
         BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
         BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
+        BenchCommand::Scheduler(args) => scenario(args, 60.0, scenarios::scheduler),
         BenchCommand::WritebackVsRandread(args) => {
             scenario(args, 10.0, scenarios::writeback_vs_randread)
         }
@@ -80,9 +93,50 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let jobs = parse_jobs(&args.jobs)?;
+    let mut texts = args.jobs.clone();
     check_seconds(args.seconds)?;
     let target = match (args.sim, args.device, args.uri) {
+        (true, None, None) if args.pool.is_some() => {
+            let words: Vec<String> = args
+                .pool
+                .as_deref()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            let groups = crate::pool::admin::parse_layout(&words)?;
+            let [group] = &groups[..] else {
+                bail!("--pool takes one mirror group: 'mirror model:... model:...'");
+            };
+            let devices = group
+                .iter()
+                .map(|text| {
+                    let text = text
+                        .strip_prefix("model:")
+                        .context("--pool devices are models: model:KIND,size=SIZE,...")?;
+                    ModelSpec::parse(text).map_err(anyhow::Error::msg)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            if args.scrub {
+                texts.push(scenarios::scrub_job(devices.len()));
+            }
+            Target::SimPool {
+                devices,
+                mode: args.sched.unwrap_or_default(),
+            }
+        }
+        (true, Some(device), None) if args.sched.is_some() || args.scrub => {
+            let text = device
+                .strip_prefix("model:")
+                .context("--sim runs device models: --device model:KIND,size=SIZE,...")?;
+            if args.scrub {
+                texts.push(scenarios::scrub_job(1));
+            }
+            Target::SimPool {
+                devices: vec![ModelSpec::parse(text).map_err(anyhow::Error::msg)?],
+                mode: args.sched.unwrap_or(Mode::Fifo),
+            }
+        }
         (true, Some(device), None) => {
             let text = device
                 .strip_prefix("model:")
@@ -91,10 +145,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
             ))
         }
-        (true, None, _) => bail!("--sim needs --device model:KIND,size=SIZE"),
-        (false, _, Some(uri)) => Target::Nbd { uri, device: None },
+        (true, None, _) => {
+            bail!("--sim needs --device model:KIND,size=SIZE or --pool 'mirror ...'")
+        }
+        (false, _, Some(uri)) if !args.scrub => Target::Nbd { uri, device: None },
+        (false, _, Some(_)) => {
+            bail!("--scrub is for --sim; start a scrub on the server with weir scrub start")
+        }
         _ => bail!("give --sim --device SPEC, or --uri URI"),
     };
+    let jobs = parse_jobs(&texts)?;
     let run = run_jobs("run", &target, &jobs, args.seconds, args.seed)?;
     let report = Report {
         scenario: "run".into(),

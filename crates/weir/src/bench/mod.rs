@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use crate::device::model::{ModelSpec, NANOS_PER_SEC};
+use crate::sched::Mode;
 use crate::sim::{Simulation, StreamResult};
 use job::JobSpec;
 use report::{Report, Run, RunConfig, Stream};
@@ -32,6 +33,12 @@ use report::{Report, Run, RunConfig, Stream};
 #[derive(Clone, Debug)]
 pub enum Target {
     Sim(Box<ModelSpec>),
+    /// A mirror of simulated devices (one device: just it), each behind a
+    /// queue in `mode`.
+    SimPool {
+        devices: Vec<ModelSpec>,
+        mode: Mode,
+    },
     /// An NBD URI; `device` says what is behind it, when we know.
     Nbd {
         uri: String,
@@ -43,6 +50,10 @@ impl Target {
     pub fn describe(&self) -> String {
         match self {
             Target::Sim(spec) => spec.text.clone(),
+            Target::SimPool { devices, mode } => {
+                let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
+                format!("mirror {} (sched {})", texts.join(" "), mode.name())
+            }
             Target::Nbd {
                 uri,
                 device: Some(device),
@@ -53,7 +64,7 @@ impl Target {
 
     pub fn mode(&self) -> &'static str {
         match self {
-            Target::Sim(_) => "sim",
+            Target::Sim(_) | Target::SimPool { .. } => "sim",
             Target::Nbd { .. } => "real",
         }
     }
@@ -72,6 +83,11 @@ pub fn run_jobs(
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
             .run(),
+        Target::SimPool { devices, mode } => {
+            Simulation::new_pool(devices, *mode, jobs, duration, seed)
+                .map_err(anyhow::Error::msg)?
+                .run()
+        }
         Target::Nbd { uri, .. } => real::run(uri, jobs, duration, seed)?,
     };
     Ok(Run {

@@ -4,10 +4,13 @@
 
 use std::fmt::Write as _;
 
+use anyhow::Context;
+
 use super::job::JobSpec;
 use super::report::{Report, Run, Stream};
 use super::{run_jobs, Target};
 use crate::device::model::ModelSpec;
+use crate::sched::Mode;
 
 /// Devices the scenarios use. 64 GiB keeps a memory store's page table
 /// small in real time; the models' timing depends on fractions of the size.
@@ -61,18 +64,39 @@ pub fn checks_table(checks: &[Check]) -> String {
 pub trait Targets {
     /// The target for a device spec such as `model:hdd,size=64G`.
     fn target(&mut self, device: &str) -> anyhow::Result<Target>;
+
+    /// A 2-way mirror of `device` with its queues in `mode`, where the
+    /// targets can build one (so far: the simulator).
+    fn mirror(&mut self, _device: &str, _mode: Mode) -> anyhow::Result<Option<Target>> {
+        Ok(None)
+    }
 }
 
 /// Simulated devices.
 pub struct SimTargets;
 
+fn model(device: &str) -> anyhow::Result<ModelSpec> {
+    let text = device.strip_prefix("model:").unwrap_or(device);
+    ModelSpec::parse(text).map_err(anyhow::Error::msg)
+}
+
 impl Targets for SimTargets {
     fn target(&mut self, device: &str) -> anyhow::Result<Target> {
-        let text = device.strip_prefix("model:").unwrap_or(device);
-        Ok(Target::Sim(Box::new(
-            ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
-        )))
+        Ok(Target::Sim(Box::new(model(device)?)))
     }
+
+    fn mirror(&mut self, device: &str, mode: Mode) -> anyhow::Result<Option<Target>> {
+        Ok(Some(Target::SimPool {
+            devices: vec![model(device)?, model(device)?],
+            mode,
+        }))
+    }
+}
+
+/// The scrub stream: 1 MiB reads of every copy in LBA order, four in
+/// flight per device (OpenZFS keeps 4 MiB of scrub I/O per leaf by default).
+pub fn scrub_job(copies: usize) -> String {
+    format!("name=scrub,rw=read,bs=1m,qd={},class=scrub", 4 * copies)
 }
 
 fn jobs(texts: &[&str]) -> Vec<JobSpec> {
@@ -254,6 +278,162 @@ pub fn scrub_vs_randread(
     ];
     Ok(Outcome {
         report: report("scrub-vs-randread", hdd.mode(), seconds, seed, runs),
+        checks,
+    })
+}
+
+fn mirror(targets: &mut dyn Targets, device: &str, mode: Mode) -> anyhow::Result<Target> {
+    targets
+        .mirror(device, mode)?
+        .context("these targets cannot build a mirror")
+}
+
+/// The device queue's modes on mirrors of two devices: fifo, zfs and
+/// adaptive with a scrub beside random readers, and idle references,
+/// checked against issue 5's bar. Simulated only, so far.
+pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
+    let scrub = scrub_job(2);
+    let reader = "name=randread,rw=randread,bs=4k,qd=1";
+    let light = "name=randread,rw=randread,bs=4k,qd=1,rate=20/s";
+    let saturating = "name=randread,rw=randread,bs=4k,qd=32";
+    let mut runs = Vec::new();
+    let mut run = |label: &str, device: &str, mode: Mode, texts: &[&str]| -> anyhow::Result<Run> {
+        let target = mirror(targets, device, mode)?;
+        let run = run_jobs(label, &target, &jobs(texts), seconds, seed)?;
+        runs.push(run.clone());
+        Ok(run)
+    };
+    let idle = run("idle", HDD, Mode::Adaptive, &[reader])?;
+    let scrub_idle = run("idle-scrub", HDD, Mode::Adaptive, &[&scrub])?;
+    let fifo = run("fifo", HDD, Mode::Fifo, &[reader, &scrub])?;
+    let zfs = run("zfs", HDD, Mode::Zfs, &[reader, &scrub])?;
+    let adaptive = run("adaptive", HDD, Mode::Adaptive, &[reader, &scrub])?;
+    let light_idle = run("idle-light", HDD, Mode::Adaptive, &[light])?;
+    let light_busy = run("adaptive-light", HDD, Mode::Adaptive, &[light, &scrub])?;
+    let saturated = run("adaptive-qd32", HDD, Mode::Adaptive, &[saturating, &scrub])?;
+    let mut flash = Vec::new();
+    for (name, device) in [("ssd", SSD), ("nvme", NVME)] {
+        let idle = run(&format!("idle-{name}"), device, Mode::Adaptive, &[reader])?;
+        let busy = run(
+            &format!("adaptive-{name}"),
+            device,
+            Mode::Adaptive,
+            &[reader, &scrub],
+        )?;
+        let fifo32 = run(
+            &format!("fifo-qd32-{name}"),
+            device,
+            Mode::Fifo,
+            &[saturating],
+        )?;
+        let adaptive32 = run(
+            &format!("adaptive-qd32-{name}"),
+            device,
+            Mode::Adaptive,
+            &[saturating],
+        )?;
+        flash.push((name, idle, busy, fifo32, adaptive32));
+    }
+    let r = |run: &Run| stream(run, "randread").clone();
+    let s = |run: &Run| stream(run, "scrub").mb_per_s;
+    let (f, z, a) = (r(&fifo), r(&zfs), r(&adaptive));
+    let ms = |us: f64| us / 1000.0;
+    let better = [
+        z.latency_us.p99 / a.latency_us.p99.max(1e-9),
+        z.latency_us.max / a.latency_us.max.max(1e-9),
+        a.iops / z.iops.max(1e-9),
+        s(&adaptive) / s(&zfs).max(1e-9),
+    ];
+    let mut checks = vec![
+        Check::range(
+            "1. fifo: reader max latency",
+            "ms",
+            ms(f.latency_us.max),
+            1000.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "2. fifo / adaptive: reader max latency",
+            "x",
+            f.latency_us.max / a.latency_us.max.max(1e-9),
+            10.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "3. zfs / adaptive: reader p99",
+            "x",
+            better[0],
+            1.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "3. zfs / adaptive: reader max",
+            "x",
+            better[1],
+            1.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "3. adaptive / zfs: reader IOPS",
+            "x",
+            better[2],
+            1.0,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "3. adaptive / zfs: scrub MB/s",
+            "x",
+            better[3],
+            0.95,
+            f64::INFINITY,
+        ),
+        Check {
+            what: "3. one of those better by 10%".into(),
+            expected: ">= 1.10 x".into(),
+            measured: format!("{:.2} x", better.iter().copied().fold(0.0, f64::max)),
+            ok: better.iter().any(|b| *b >= 1.1),
+        },
+        Check::range(
+            "4. light reader: p99 / idle p99",
+            "x",
+            r(&light_busy).latency_us.p99 / r(&light_idle).latency_us.p99.max(1e-9),
+            0.0,
+            1.5,
+        ),
+        Check::range(
+            "4. light reader: scrub / idle scrub",
+            "x",
+            s(&light_busy) / s(&scrub_idle).max(1e-9),
+            0.7,
+            f64::INFINITY,
+        ),
+        Check::range(
+            "5. QD32 reader: scrub / idle scrub",
+            "x",
+            s(&saturated) / s(&scrub_idle).max(1e-9),
+            0.05,
+            f64::INFINITY,
+        ),
+    ];
+    let _ = idle;
+    for (name, idle, busy, fifo32, adaptive32) in &flash {
+        checks.push(Check::range(
+            &format!("6. {name}: reader p99 with scrub / idle"),
+            "x",
+            r(busy).latency_us.p99 / r(idle).latency_us.p99.max(1e-9),
+            0.0,
+            2.0,
+        ));
+        checks.push(Check::range(
+            &format!("6. {name}: QD32 reads, adaptive / fifo"),
+            "x",
+            r(adaptive32).iops / r(fifo32).iops.max(1e-9),
+            0.97,
+            f64::INFINITY,
+        ));
+    }
+    Ok(Outcome {
+        report: report("scheduler", "sim", seconds, seed, runs),
         checks,
     })
 }

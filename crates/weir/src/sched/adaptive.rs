@@ -14,18 +14,23 @@ use crate::device::model::Nanos;
 
 /// Interactive latency may reach this multiple of its clean level before
 /// background depth is cut.
-const TARGET_FACTOR: f64 = 1.5;
-/// Background depth when the device is otherwise idle, and its ceiling.
+const TARGET_FACTOR: f64 = 2.0;
+/// Background depth when no interactive work has been seen for a long
+/// while, and the ceiling of the controlled depth.
 const BACKGROUND_DEPTH_MAX: f64 = 8.0;
 /// With interactive work present, background still gets one I/O after
 /// being held for this many of its own service times: about a tenth of the
 /// device's time.
 const SHARE_WINDOW_SERVICES: f64 = 9.0;
 /// Interactive work counts as gone after this many of its service times
-/// without any.
-const IDLE_AFTER_SERVICES: f64 = 2.0;
+/// without any: an arrival after a shorter gap would find the device full
+/// of background I/O.
+const IDLE_AFTER_SERVICES: f64 = 64.0;
 /// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
 const EWMA_WEIGHT: f64 = 0.125;
+/// Interactive samples per depth decision: single HDD latencies vary by
+/// their seek, so the depth follows their mean.
+const WINDOW_SAMPLES: u32 = 8;
 /// Clean interactive samples needed before the target is trusted, and
 /// taken again after this many samples with background beside them.
 const CLEAN_SAMPLES_WANTED: u32 = 8;
@@ -66,6 +71,13 @@ pub struct Adaptive {
     since_clean: u32,
     /// Background depth allowed while interactive work is present.
     depth: f64,
+    /// Interactive latency with background beside it, over the current
+    /// window of samples; the depth changes once per window.
+    window_sum: f64,
+    window_samples: u32,
+    /// Background I/Os issued since the last interactive one: while
+    /// interactive I/O is in the device, no more than the depth may pass it.
+    background_since_interactive: u32,
     /// Background issues so far: an interactive I/O that saw one is not clean.
     background_issues: u64,
     last_interactive: Nanos,
@@ -81,6 +93,9 @@ impl Default for Adaptive {
             clean_wanted: CLEAN_SAMPLES_WANTED,
             since_clean: 0,
             depth: 1.0,
+            window_sum: 0.0,
+            window_samples: 0,
+            background_since_interactive: 0,
             background_issues: 0,
             last_interactive: 0,
             last_background: 0,
@@ -130,6 +145,19 @@ impl Adaptive {
         (now.saturating_sub(self.last_interactive) as f64) < idle_after
     }
 
+    /// Background I/Os an interactive arrival may find ahead of it and
+    /// still meet the target: the slack over its clean latency, in units
+    /// of background service time (at least one).
+    fn budget_depth(&self) -> u32 {
+        match (self.clean.get(), self.background_service()) {
+            (Some(clean), Some(service)) if service > 0.0 => {
+                let slack = clean * (TARGET_FACTOR - 1.0);
+                ((slack / service).floor() as u32).max(1)
+            }
+            _ => 1,
+        }
+    }
+
     fn share_window(&self) -> Option<Nanos> {
         self.background_service()
             .map(|s| (s * SHARE_WINDOW_SERVICES) as Nanos)
@@ -143,7 +171,7 @@ impl Adaptive {
         let granted = if self.clean_wanted > 0 {
             0
         } else {
-            self.depth.floor() as u32
+            (self.depth.floor() as u32).min(self.budget_depth())
         };
         let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
         let starved = background_active == 0
@@ -168,6 +196,13 @@ impl Adaptive {
         if background_active >= limit {
             return None;
         }
+        let interactive_active =
+            self.active[IoClass::SyncRead as usize] + self.active[IoClass::SyncWrite as usize];
+        if interactive_active > 0 && self.background_since_interactive >= limit {
+            // Interactive I/O in the device must not see more background
+            // overtake it than the depth allows.
+            return None;
+        }
         BACKGROUND
             .into_iter()
             .find(|c| queued[*c as usize].queued > 0)
@@ -179,9 +214,11 @@ impl Adaptive {
         self.active[class as usize] += 1;
         if is_background(class) {
             self.background_issues += 1;
+            self.background_since_interactive += 1;
             self.last_background = now;
         } else {
             self.last_interactive = now;
+            self.background_since_interactive = 0;
         }
         let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
         // Encode whether background was already active, and the issue count.
@@ -210,10 +247,18 @@ impl Adaptive {
         let Some(clean) = self.clean.get() else {
             return;
         };
-        if sample > clean * TARGET_FACTOR {
+        self.window_sum += sample;
+        self.window_samples += 1;
+        if self.window_samples < WINDOW_SAMPLES {
+            return;
+        }
+        let mean = self.window_sum / f64::from(self.window_samples);
+        self.window_sum = 0.0;
+        self.window_samples = 0;
+        if mean > clean * TARGET_FACTOR {
             self.depth = (self.depth / 2.0).max(0.0);
         } else {
-            self.depth = (self.depth + 1.0 / self.depth.max(1.0)).min(BACKGROUND_DEPTH_MAX);
+            self.depth = (self.depth + 1.0).min(BACKGROUND_DEPTH_MAX);
         }
     }
 

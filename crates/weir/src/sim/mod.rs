@@ -1,12 +1,15 @@
-//! The virtual-time simulator: workload generators driving a device model
-//! with no threads and no sleeps. Time jumps from event to event, so ten
-//! simulated seconds of an HDD take milliseconds, and one seed reproduces
-//! a run exactly.
+//! The virtual-time simulator: workload generators driving device models
+//! through their queues, with no threads and no sleeps. Time jumps from
+//! event to event, so ten simulated seconds of an HDD take milliseconds,
+//! and one seed reproduces a run exactly.
 //!
 //! ```text
 //!   jobs (closed loop: qd in flight; open loop: Poisson arrivals)
-//!     │ submit(io, now)                      ▲ completions
-//!     ▼                                      │
+//!     │ one device, or a mirror: reads to one copy (by 1 MiB chunk), writes
+//!     │ to every copy, scrub reads every copy in LBA order
+//!     ▼                                                   ▲ completions
+//!   sched::IoQueue per device (fifo / zfs / adaptive) ────┤
+//!     ▼ next_to_issue(now)                                │
 //!   TimingModel ── next_event() ──> the loop jumps `now` there ── advance(now)
 //! ```
 
@@ -18,6 +21,10 @@ use std::collections::{BinaryHeap, HashMap};
 use crate::bench::job::{Generator, JobSpec};
 use crate::bench::stats::LatencyStats;
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
+use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
+
+/// Reads of a mirror go to copy (offset / this) % copies.
+const MIRROR_CHUNK_BYTES: u64 = 1 << 20;
 
 /// Open-loop arrivals waiting for a slot, per job. Past this the device is
 /// hopelessly behind the rate, and further arrivals count as errors.
@@ -54,31 +61,63 @@ struct Pending {
     arrived: Nanos,
     bytes: u64,
     fails: bool,
+    /// Device I/Os (copies) still to complete.
+    parts_left: u32,
+}
+
+struct SimDevice {
+    model: Box<dyn TimingModel>,
+    spec: ModelSpec,
+    queue: IoQueue,
+    /// Where a scrub of this device reads next.
+    scrub_at: u64,
 }
 
 pub struct Simulation {
-    model: Box<dyn TimingModel>,
-    spec: ModelSpec,
+    devices: Vec<SimDevice>,
     jobs: Vec<JobState>,
     pending: HashMap<u64, Pending>,
+    /// Device I/O id -> (request id, device).
+    parts: HashMap<u64, (u64, usize)>,
     failing: BinaryHeap<Reverse<(Nanos, u64)>>,
     /// Closed-loop jobs thinking: (when, job index).
     thinking: BinaryHeap<Reverse<(Nanos, usize)>>,
     next_id: u64,
+    /// Scrub I/Os go round the copies.
+    scrub_turn: usize,
     duration: Nanos,
+    now: Nanos,
 }
 
 impl Simulation {
+    /// One device, no scheduling (every I/O straight to the model).
     pub fn new(
         spec: &ModelSpec,
         jobs: &[JobSpec],
         duration: Nanos,
         seed: u64,
     ) -> Result<Simulation, String> {
+        Self::new_pool(std::slice::from_ref(spec), Mode::Fifo, jobs, duration, seed)
+    }
+
+    /// One device, or with several a mirror of them, each behind a queue
+    /// in `mode`. Job offsets address one copy's space.
+    pub fn new_pool(
+        specs: &[ModelSpec],
+        mode: Mode,
+        jobs: &[JobSpec],
+        duration: Nanos,
+        seed: u64,
+    ) -> Result<Simulation, String> {
+        let size = specs
+            .iter()
+            .map(|s| s.size_bytes)
+            .min()
+            .ok_or("a simulation needs a device")?;
         let jobs = jobs
             .iter()
             .map(|job| {
-                let generator = Generator::new(job.clone(), spec.size_bytes, seed)?;
+                let generator = Generator::new(job.clone(), size, seed)?;
                 let stop = job.stop_ns().unwrap_or(duration).min(duration);
                 Ok(JobState {
                     generator,
@@ -98,15 +137,26 @@ impl Simulation {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
+        let devices = specs
+            .iter()
+            .map(|spec| SimDevice {
+                model: spec.timing_model(),
+                spec: spec.clone(),
+                queue: IoQueue::new(mode, spec.rotational()),
+                scrub_at: 0,
+            })
+            .collect();
         Ok(Simulation {
-            model: spec.timing_model(),
-            spec: spec.clone(),
+            devices,
             jobs,
             pending: HashMap::new(),
+            parts: HashMap::new(),
             failing: BinaryHeap::new(),
             thinking: BinaryHeap::new(),
             next_id: 1,
+            scrub_turn: 0,
             duration,
+            now: 0,
         })
     }
 
@@ -114,19 +164,27 @@ impl Simulation {
     pub fn run(mut self) -> Vec<StreamResult> {
         let mut done = Vec::new();
         while let Some(now) = self.next_time().filter(|t| *t < self.duration) {
-            self.model
-                .set_slowdown(self.spec.faults.latency_factor(now));
-            self.model.advance(now, &mut done);
-            for (id, at) in done.drain(..) {
-                debug_assert_eq!(at, now, "the loop stops at every completion");
-                self.complete(id, at);
+            self.now = now;
+            for index in 0..self.devices.len() {
+                let device = &mut self.devices[index];
+                device
+                    .model
+                    .set_slowdown(device.spec.faults.latency_factor(now));
+                device.model.advance(now, &mut done);
+                for (id, at) in done.drain(..) {
+                    debug_assert_eq!(at, now, "the loop stops at every completion");
+                    let ios = self.devices[index].queue.complete(id, at);
+                    for io in ios {
+                        self.part_done(io.id, at);
+                    }
+                }
             }
             while let Some(Reverse((at, id))) = self.failing.peek().copied() {
                 if at > now {
                     break;
                 }
                 self.failing.pop();
-                self.complete(id, at);
+                self.part_done(id, at);
             }
             while let Some(Reverse((at, index))) = self.thinking.peek().copied() {
                 if at > now {
@@ -137,6 +195,9 @@ impl Simulation {
             }
             for index in 0..self.jobs.len() {
                 self.start_or_arrive(index, now);
+            }
+            for index in 0..self.devices.len() {
+                self.dispatch(index, now);
             }
         }
         self.jobs.into_iter().map(|job| job.result).collect()
@@ -152,10 +213,30 @@ impl Simulation {
         });
         let failing = self.failing.peek().map(|Reverse((at, _))| *at);
         let thinking = self.thinking.peek().map(|Reverse((at, _))| *at);
-        jobs.chain(self.model.next_event())
-            .chain(failing)
-            .chain(thinking)
-            .min()
+        let devices = self.devices.iter().flat_map(|d| {
+            d.model
+                .next_event()
+                .into_iter()
+                .chain(d.queue.next_deadline(self.now))
+        });
+        jobs.chain(devices).chain(failing).chain(thinking).min()
+    }
+
+    /// Send what the device's queue lets go.
+    fn dispatch(&mut self, index: usize, now: Nanos) {
+        let device = &mut self.devices[index];
+        while let Some(d) = device.queue.next_to_issue(now) {
+            let kind = if d.write { IoKind::Write } else { IoKind::Read };
+            device.model.submit(
+                ModelIo {
+                    id: d.id,
+                    kind,
+                    offset: d.offset,
+                    length: d.length,
+                },
+                now,
+            );
+        }
     }
 
     fn start_or_arrive(&mut self, index: usize, now: Nanos) {
@@ -192,42 +273,112 @@ impl Simulation {
         }
     }
 
+    /// The class a job's I/O carries: as given, else scrub for a job named
+    /// scrub, else sync-read or sync-write.
+    fn class_of(job: &JobSpec, kind: IoKind) -> IoClass {
+        job.class.unwrap_or(if job.name == "scrub" {
+            IoClass::Scrub
+        } else if kind == IoKind::Write {
+            IoClass::SyncWrite
+        } else {
+            IoClass::SyncRead
+        })
+    }
+
+    /// Which copies an I/O goes to, and at which offset.
+    fn targets(
+        &mut self,
+        class: IoClass,
+        kind: IoKind,
+        offset: u64,
+        length: u64,
+    ) -> Vec<(usize, u64)> {
+        let copies = self.devices.len();
+        if copies == 1 {
+            return vec![(0, offset)];
+        }
+        if kind == IoKind::Write {
+            return (0..copies).map(|d| (d, offset)).collect();
+        }
+        if matches!(class, IoClass::Scrub | IoClass::Resilver) {
+            // A scrub reads every copy, each in LBA order.
+            let index = self.scrub_turn % copies;
+            self.scrub_turn += 1;
+            let device = &mut self.devices[index];
+            if device.scrub_at + length > device.spec.size_bytes {
+                device.scrub_at = 0;
+            }
+            let at = device.scrub_at;
+            device.scrub_at += length;
+            return vec![(index, at)];
+        }
+        vec![(
+            ((offset / MIRROR_CHUNK_BYTES) % copies as u64) as usize,
+            offset,
+        )]
+    }
+
     fn issue(&mut self, index: usize, arrived: Nanos, now: Nanos) {
         let job = &mut self.jobs[index];
         if now >= job.stop {
             return;
         }
         let (kind, offset, length) = job.generator.next_io();
+        let class = Self::class_of(&job.result.job, kind);
         job.in_flight += 1;
         let id = self.next_id;
         self.next_id += 1;
-        let faults = &self.spec.faults;
-        let fails = kind == IoKind::Read && faults.read_fails(offset, length);
+        let targets = self.targets(class, kind, offset, length);
         self.pending.insert(
             id,
             Pending {
                 job: index,
                 arrived,
                 bytes: length,
-                fails,
+                fails: false,
+                parts_left: targets.len() as u32,
             },
         );
-        if faults.vanished(now) {
-            self.failing.push(Reverse((now + VANISHED_FAILURE_NS, id)));
-            if let Some(pending) = self.pending.get_mut(&id) {
-                pending.fails = true;
+        for (device_index, at) in targets {
+            let part = self.next_id;
+            self.next_id += 1;
+            self.parts.insert(part, (id, device_index));
+            let device = &mut self.devices[device_index];
+            let faults = &device.spec.faults;
+            if kind == IoKind::Read && faults.read_fails(at, length) {
+                self.pending.get_mut(&id).expect("just added").fails = true;
             }
-            return;
+            if faults.vanished(now) {
+                self.pending.get_mut(&id).expect("just added").fails = true;
+                self.failing
+                    .push(Reverse((now + VANISHED_FAILURE_NS, part)));
+                continue;
+            }
+            device.queue.enqueue(
+                QueuedIo {
+                    id: part,
+                    class,
+                    offset: at,
+                    length,
+                    write: kind == IoKind::Write,
+                },
+                now,
+            );
+            self.dispatch(device_index, now);
         }
-        self.model.submit(
-            ModelIo {
-                id,
-                kind,
-                offset,
-                length,
-            },
-            now,
-        );
+    }
+
+    /// One copy's I/O is done; the request completes with its last copy.
+    fn part_done(&mut self, part: u64, at: Nanos) {
+        let (id, _) = self
+            .parts
+            .remove(&part)
+            .expect("completed part was pending");
+        let pending = self.pending.get_mut(&id).expect("its request is pending");
+        pending.parts_left -= 1;
+        if pending.parts_left == 0 {
+            self.complete(id, at);
+        }
     }
 
     fn complete(&mut self, id: u64, at: Nanos) {
