@@ -285,7 +285,7 @@ pub fn scrub_vs_randread(
 fn mirror(targets: &mut dyn Targets, device: &str, mode: Mode) -> anyhow::Result<Target> {
     targets
         .mirror(device, mode)?
-        .context("these targets cannot build a mirror")
+        .context("the scheduler scenario runs in the simulator only so far (--sim): the device queue does not schedule in real time yet")
 }
 
 /// The device queue's modes on mirrors of two devices: fifo, zfs and
