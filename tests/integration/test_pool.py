@@ -391,7 +391,20 @@ class Scrub(PoolTest):
             time.sleep(1)
             self.assertIn(f"({done_at_pause} of", self.scrub("status", "tank").stdout, "no progress while paused")
             self.assertIn("scrub tank: paused", self.weir("status", "tank").stdout)
-            out = self.scrub("resume", "tank", "--wait").stdout
+            self.scrub("resume", "tank")
+            # While it runs: the queues per class, with latency histograms.
+            io = run(WEIR, "iostat", "-w", "0.5", "--count", "1", "--data-dir", self.data, timeout=30).stdout
+            self.assertRegex(io, r"tank\s+\S+a\.img\s+scrub\s+[0-9.]+\s+[0-9.]+")
+            self.assertIn("tank: latency (submission to completion)", io)
+            self.assertEqual(self.weir("sched", "tank").stdout.strip(), "pool tank: adaptive")
+            self.assertIn("now zfs", self.weir("sched", "tank", "zfs").stdout)
+            self.assertIn("sched: zfs", self.weir("status", "tank").stdout)
+            bad = self.weir("sched", "tank", "elevator", check=False)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("unknown mode", bad.stderr)
+            deadline = time.time() + 60
+            while "finished" not in (out := self.scrub("status", "tank").stdout) and time.time() < deadline:
+                time.sleep(0.2)
             self.assertIn("finished, 100.0%", out)
             self.scrub("start", "tank")
             self.assertIn("stopped", self.scrub("stop", "tank").stdout)
@@ -399,6 +412,7 @@ class Scrub(PoolTest):
             self.assertNotEqual(again.returncode, 0)
             self.assertEqual(w.stop(), 0)
         self.assertIn("stopped", self.scrub("status", "tank").stdout)
+        self.assertEqual(self.weir("sched", "tank").stdout.strip(), "pool tank: zfs", "the mode is remembered")
 
     def test_an_interrupted_scrub_resumes_from_its_checkpoint(self):
         a, b = self.file("a.img"), self.file("b.img")

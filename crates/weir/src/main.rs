@@ -40,6 +40,8 @@ enum Command {
     /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
     #[command(subcommand)]
     Scrub(weir::pool::cli::ScrubCommand),
+    /// The running server's device queues per pool member and class (-w: latency histograms).
+    Iostat(weir::admin::iostat::IostatArgs),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
     #[command(subcommand)]
     Bench(weir::bench::cli::BenchCommand),
@@ -61,6 +63,10 @@ fn main() {
         Command::Scrub(command) => {
             init_logging("warn");
             weir::pool::cli::scrub_main(command)
+        }
+        Command::Iostat(args) => {
+            init_logging("warn");
+            weir::admin::iostat::main(args)
         }
     };
     if let Err(err) = result {

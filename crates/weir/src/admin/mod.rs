@@ -7,6 +7,8 @@
 //!  GET  /v1/scrub?pool=P                   scrub progress (JSON)
 //!  POST /v1/scrub/{start,pause,resume,stop}?pool=P
 //!  POST /v1/replace?pool=P&old=DEV&new=DEV[&force=1]
+//!  POST /v1/sched?pool=P&mode=fifo|zfs|adaptive   the device queues' mode
+//!  GET  /v1/iostat                         per device and class counters (JSON)
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
@@ -15,6 +17,7 @@
 
 pub mod client;
 pub mod http;
+pub mod iostat;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -25,6 +28,7 @@ use std::thread::JoinHandle;
 use anyhow::Context;
 
 use crate::pool::service::{PoolService, ScrubAction};
+use crate::sched::Mode;
 use http::{Request, Response};
 
 pub const ADDRESS_FILE: &str = "admin.addr";
@@ -105,14 +109,24 @@ fn route(service: &PoolService, request: &Request) -> Response {
                 .replace(pool, old, new, force)
                 .map(Response::text_ok)
         }),
+        ("POST", "/v1/sched") => pool_param(request).and_then(|pool| {
+            let text = request
+                .param("mode")
+                .context("missing mode=fifo|zfs|adaptive")?;
+            let mode = Mode::parse(text)
+                .with_context(|| format!("unknown mode {text:?}: want fifo, zfs or adaptive"))?;
+            service.set_sched(pool, mode).map(Response::text_ok)
+        }),
+        ("GET", "/v1/iostat") => Ok(Response::json(service.iostat().to_string())),
         ("GET", "/metrics") => Ok(Response {
             status: 200,
             content_type: "text/plain; version=0.0.4",
             body: service.metrics(),
         }),
-        (_, "/v1/status" | "/v1/scrub" | "/v1/replace" | "/metrics") => {
-            return Response::text(405, "wrong method\n")
-        }
+        (
+            _,
+            "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/iostat" | "/metrics",
+        ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };
     result.unwrap_or_else(|err| Response::text(409, format!("{err:#}\n")))

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::label::{choose, Label, LabelError, Layout};
 use super::members::{read_labels, write_labels};
 use crate::device::{self, Device, DeviceSpec, IoEngine};
+use crate::sched::Mode;
 
 /// Smaller devices cannot hold labels, metadata and useful data.
 pub const DEVICE_BYTES_MIN: u64 = 64 << 20;
@@ -43,6 +44,9 @@ struct RegisteredPool {
     name: String,
     id: String,
     devices: Vec<String>,
+    /// The device queues' mode (fifo, zfs, adaptive); absent: adaptive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sched: Option<String>,
 }
 
 impl Registry {
@@ -223,6 +227,7 @@ pub fn create(
         id: format!("{pool_id:032x}"),
         // Absolute paths, so that status works from any directory.
         devices: texts.iter().map(|t| identity(t)).collect(),
+        sched: None,
     });
     registry.save(data_dir)
 }
@@ -282,6 +287,8 @@ pub struct Imported {
     pub devices: Vec<Vec<Option<Arc<dyn Device>>>>,
     /// Label copies rewritten because they were stale or damaged.
     pub repaired_labels: Vec<String>,
+    /// The device queues' mode, from the registry.
+    pub sched: Mode,
 }
 
 impl Imported {
@@ -392,6 +399,7 @@ pub fn import_devices(
         members,
         devices,
         repaired_labels,
+        sched: Mode::default(),
     })
 }
 
@@ -435,6 +443,7 @@ pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
         name: name.clone(),
         id: format!("{:032x}", found.label.pool_id),
         devices,
+        sched: None,
     });
     registry.save(data_dir)?;
     Ok(name)
@@ -479,7 +488,25 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
             Registry::path(data_dir).display()
         );
     };
-    import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))
+    let mut imported = import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))?;
+    if let Some(text) = &pool.sched {
+        imported.sched = Mode::parse(text).with_context(|| {
+            format!("pool {name:?}: unknown sched {text:?} in the registry (want fifo, zfs or adaptive)")
+        })?;
+    }
+    Ok(imported)
+}
+
+/// Record the device queues' mode of `pool` in the registry.
+pub fn set_pool_sched(data_dir: &Path, pool: &str, mode: Mode) -> anyhow::Result<()> {
+    let mut registry = Registry::load(data_dir)?;
+    let entry = registry
+        .pool
+        .iter_mut()
+        .find(|p| p.name == pool)
+        .with_context(|| format!("no pool named {pool:?} in the registry"))?;
+    entry.sched = Some(mode.name().to_string());
+    registry.save(data_dir)
 }
 
 /// Exclusive use of a data directory: `weir serve` holds it while it runs,

@@ -27,6 +27,8 @@ pub enum PoolCommand {
     Replace(ReplaceArgs),
     /// Register the pool found on these devices by their labels (disks moved, or a registry lost).
     Import(ImportArgs),
+    /// Show or set the device queues' mode: fifo, zfs or adaptive (at run time when served).
+    Sched(SchedArgs),
 }
 
 #[derive(Args)]
@@ -99,6 +101,7 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PoolCommand::Replace(args) => replace(&args),
+        PoolCommand::Sched(args) => sched(&args),
         PoolCommand::Import(args) => {
             let name = admin::import_new(&args.devices, &args.data_dir)?;
             print!("{}", admin::status(Some(&name), &args.data_dir)?);
@@ -357,4 +360,54 @@ fn wait_for_scrub(
         let _ = std::io::stderr().flush();
         std::thread::sleep(PROGRESS_INTERVAL);
     }
+}
+
+#[derive(Args)]
+pub struct SchedArgs {
+    pool: String,
+    /// fifo, zfs or adaptive; without it, show the current mode.
+    mode: Option<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+/// `weir pool sched POOL [MODE]`: show or set the device queues' mode.
+pub fn sched(args: &SchedArgs) -> anyhow::Result<()> {
+    let mode = match &args.mode {
+        None => None,
+        Some(text) => Some(
+            crate::sched::Mode::parse(text)
+                .with_context(|| format!("unknown mode {text:?}: want fifo, zfs or adaptive"))?,
+        ),
+    };
+    match (admin::try_lock_data_dir(&args.data_dir)?, mode) {
+        (Some(_lock), Some(mode)) => {
+            admin::import_registered(&args.pool, &args.data_dir, false)?;
+            admin::set_pool_sched(&args.data_dir, &args.pool, mode)?;
+            println!(
+                "pool {}: device queues will be {} when served",
+                args.pool,
+                mode.name()
+            );
+        }
+        (Some(_lock), None) => {
+            let imported = admin::import_registered(&args.pool, &args.data_dir, false)?;
+            println!("pool {}: {}", args.pool, imported.sched.name());
+        }
+        (None, Some(mode)) => {
+            let client = AdminClient::for_data_dir(&args.data_dir)?;
+            let query = [("pool", args.pool.as_str()), ("mode", mode.name())];
+            print!("{}", client.call("POST", "/v1/sched", &query)?);
+        }
+        (None, None) => {
+            let client = AdminClient::for_data_dir(&args.data_dir)?;
+            let status = client.call("GET", "/v1/status", &[("pool", &args.pool)])?;
+            let line = status
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("sched: "))
+                .context("the server's status names no sched")?;
+            println!("pool {}: {line}", args.pool);
+        }
+    }
+    Ok(())
 }

@@ -15,6 +15,7 @@ use super::label::{choose, LabelError};
 use super::members::read_labels;
 use super::mirror::PoolData;
 use super::scrub::{self, Checkpoint, Scrub, ScrubState};
+use crate::sched::Mode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScrubAction {
@@ -211,6 +212,24 @@ impl PoolService {
         Ok(format!(
             "replacing {old} with {new} in pool {name}: resilver started\n"
         ))
+    }
+
+    /// Switch a pool's device queues to `mode` now, and remember it.
+    pub fn set_sched(&self, name: &str, mode: Mode) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        pool.set_sched(mode);
+        admin::set_pool_sched(&self.data_dir, name, mode)?;
+        Ok(format!("pool {name}: device queues now {}\n", mode.name()))
+    }
+
+    /// Per pool, member and class: the device queue's counters, as JSON.
+    pub fn iostat(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .pools
+            .iter()
+            .flat_map(|pool| pool.iostat_rows())
+            .collect();
+        serde_json::Value::Array(rows)
     }
 
     /// Prometheus text for every pool.

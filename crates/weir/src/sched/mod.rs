@@ -1,9 +1,10 @@
 //! Per-device I/O queues. Every device I/O arrives here tagged with its
-//! class; for now the queue passes it straight through (FIFO) and counts it.
-//! The scheduler proper (class min/max active, latency feedback) slots in
-//! here without changing the layers above or below.
+//! class. `DeviceQueue` (device_queue.rs) counts it and, unless its mode is
+//! fifo, holds it in the sans-IO `IoQueue` (queue.rs) until the mode
+//! (zfs.rs, adaptive.rs) lets it go to the device. docs/scheduler.md.
 
 mod adaptive;
+mod device_queue;
 pub mod queue;
 mod zfs;
 
@@ -11,11 +12,6 @@ mod zfs;
 mod tests;
 
 pub use queue::{Dispatch, IoQueue, Mode, QueuedIo};
-
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
-
-use crate::device::{Completion, Device, DeviceOp};
 
 /// Why an I/O is being done; it travels with the I/O to the device queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,53 +57,4 @@ impl IoClass {
     }
 }
 
-/// Counters of one class on one device.
-#[derive(Debug, Default)]
-pub struct ClassCounters {
-    pub ops: AtomicU64,
-    pub bytes: AtomicU64,
-    pub in_flight: AtomicU64,
-    pub errors: AtomicU64,
-}
-
-/// The queue in front of one device.
-pub struct DeviceQueue {
-    device: Arc<dyn Device>,
-    counters: Arc<[ClassCounters; IoClass::ALL.len()]>,
-}
-
-impl DeviceQueue {
-    pub fn new(device: Arc<dyn Device>) -> Self {
-        DeviceQueue {
-            device,
-            counters: Arc::new(Default::default()),
-        }
-    }
-
-    pub fn device(&self) -> &Arc<dyn Device> {
-        &self.device
-    }
-
-    pub fn counters(&self, class: IoClass) -> &ClassCounters {
-        &self.counters[class as usize]
-    }
-
-    pub fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
-        let counters = Arc::clone(&self.counters);
-        let this = &counters[class as usize];
-        this.ops.fetch_add(1, Relaxed);
-        this.bytes.fetch_add(op.range().1, Relaxed);
-        this.in_flight.fetch_add(1, Relaxed);
-        self.device.submit(
-            op,
-            Box::new(move |outcome| {
-                let this = &counters[class as usize];
-                this.in_flight.fetch_sub(1, Relaxed);
-                if outcome.result.is_err() {
-                    this.errors.fetch_add(1, Relaxed);
-                }
-                done(outcome)
-            }),
-        );
-    }
-}
+pub use device_queue::{ClassCounters, DeviceQueue, LATENCY_BUCKETS};

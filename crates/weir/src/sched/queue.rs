@@ -176,6 +176,12 @@ impl IoQueue {
         }
     }
 
+    /// Never merge (for drivers that cannot split a merged buffer).
+    pub fn without_merging(mut self) -> IoQueue {
+        self.merge_limit = 0;
+        self
+    }
+
     pub fn mode(&self) -> Mode {
         self.mode
     }

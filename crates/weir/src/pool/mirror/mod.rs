@@ -45,7 +45,7 @@ use super::integrity::{BlockSum, DirtyLog};
 use super::label::Label;
 use crate::device::workers::Workers;
 use crate::device::Device;
-use crate::sched::DeviceQueue;
+use crate::sched::{DeviceQueue, Mode};
 
 pub use health::Health;
 pub use repair::ScrubResult;
@@ -67,11 +67,11 @@ struct Attached {
 }
 
 impl Attached {
-    fn new(device: Arc<dyn Device>) -> io::Result<Arc<Attached>> {
+    fn new(device: Arc<dyn Device>, mode: Mode) -> io::Result<Arc<Attached>> {
         let regions = DeviceRegions::plan(device.info().size_bytes)
             .ok_or_else(|| io_err("a member is too small for the pool format".into()))?;
         Ok(Arc::new(Attached {
-            queue: DeviceQueue::new(device),
+            queue: DeviceQueue::with_mode(device, mode),
             regions,
         }))
     }
@@ -142,6 +142,8 @@ pub struct PoolData {
     closing: AtomicBool,
     /// Tests of crash recovery drop the pool as a crash would: no close.
     abandoned: AtomicBool,
+    /// The members' queue mode.
+    sched: Mutex<Mode>,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -173,11 +175,12 @@ impl PoolData {
             for (m, device) in devices.iter().enumerate() {
                 let (spec, state) = &pool.members[g][m];
                 let (attached, health) = match (device, state) {
-                    (Some(device), MemberState::Online) => {
-                        (Some(Attached::new(Arc::clone(device))?), Health::Online)
-                    }
+                    (Some(device), MemberState::Online) => (
+                        Some(Attached::new(Arc::clone(device), pool.sched)?),
+                        Health::Online,
+                    ),
                     (Some(device), MemberState::Resilvering) => (
-                        Some(Attached::new(Arc::clone(device))?),
+                        Some(Attached::new(Arc::clone(device), pool.sched)?),
                         Health::Resilvering,
                     ),
                     _ => (None, Health::Faulted),
@@ -244,6 +247,7 @@ impl PoolData {
             config: Mutex::new(pool.label.clone()),
             closing: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
+            sched: Mutex::new(pool.sched),
         });
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
@@ -275,6 +279,20 @@ impl PoolData {
     /// The lock stripe of one chunk of one group.
     fn stripe_of(&self, group: usize, chunk: u64) -> usize {
         ((chunk as usize) * self.stripe.groups + group) % LOCK_STRIPES
+    }
+
+    pub fn sched(&self) -> Mode {
+        *self.sched.lock()
+    }
+
+    /// Switch every member's queue to `mode`, now.
+    pub fn set_sched(&self, mode: Mode) {
+        *self.sched.lock() = mode;
+        for group in &self.groups {
+            for (_, member) in group.writable() {
+                member.queue.set_mode(mode);
+            }
+        }
     }
 
     /// Stop background work (scrub, resilver) at its next step.

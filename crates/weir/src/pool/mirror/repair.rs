@@ -162,7 +162,7 @@ impl PoolData {
         spec: &str,
         new_id: u128,
     ) -> io::Result<()> {
-        let attached = Attached::new(device)?;
+        let attached = Attached::new(device, self.sched())?;
         if attached.regions.data_chunks() < self.stripe.chunks_per_group {
             return Err(io_err(format!(
                 "{spec} is too small: it holds {} MiB of data, the group needs {} MiB",

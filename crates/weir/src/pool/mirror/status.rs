@@ -15,6 +15,7 @@ impl PoolData {
         let _ = writeln!(out, "  pool: {}", self.name);
         let _ = writeln!(out, "    id: {:032x}", config.pool_id);
         let _ = writeln!(out, " state: {}", self.state_name());
+        let _ = writeln!(out, " sched: {}", self.sched().name());
         if let Some(scan) = scan {
             let _ = writeln!(out, "  scan: {scan}");
         }
@@ -78,6 +79,38 @@ impl PoolData {
         out
     }
 
+    /// One JSON row per member and class: counters and the log2 latency
+    /// histogram (microseconds), for `weir iostat`.
+    pub fn iostat_rows(&self) -> Vec<serde_json::Value> {
+        let mut rows = Vec::new();
+        for group in &self.groups {
+            for slot in &group.slots {
+                let Some(attached) = slot.attached() else {
+                    continue;
+                };
+                for class in IoClass::ALL {
+                    let k = attached.queue.counters(class);
+                    let histogram: Vec<u64> = k
+                        .latency_log2_us
+                        .iter()
+                        .map(|b| b.load(Ordering::Relaxed))
+                        .collect();
+                    rows.push(serde_json::json!({
+                        "pool": self.name,
+                        "device": slot.spec.read().as_str(),
+                        "class": class.name(),
+                        "ops": k.ops.load(Ordering::Relaxed),
+                        "bytes": k.bytes.load(Ordering::Relaxed),
+                        "in_flight": k.in_flight.load(Ordering::Relaxed),
+                        "errors": k.errors.load(Ordering::Relaxed),
+                        "latency_log2_us": histogram,
+                    }));
+                }
+            }
+        }
+        rows
+    }
+
     /// Prometheus text lines for this pool's members.
     pub fn metrics(&self, out: &mut String) {
         let pool = &self.name;
@@ -129,6 +162,24 @@ impl PoolData {
                             value.load(Ordering::Relaxed)
                         );
                     }
+                    // A Prometheus histogram over the log2 buckets.
+                    let mut cumulative = 0;
+                    for (i, bucket) in k.latency_log2_us.iter().enumerate() {
+                        cumulative += bucket.load(Ordering::Relaxed);
+                        let _ = writeln!(
+                            out,
+                            "weir_device_latency_us_bucket{{{class_labels},le=\"{}\"}} {cumulative}",
+                            1u64 << (i + 1)
+                        );
+                    }
+                    let _ = writeln!(
+                        out,
+                        "weir_device_latency_us_bucket{{{class_labels},le=\"+Inf\"}} {cumulative}"
+                    );
+                    let _ = writeln!(
+                        out,
+                        "weir_device_latency_us_count{{{class_labels}}} {cumulative}"
+                    );
                 }
             }
         }

@@ -40,11 +40,9 @@ impl PoolData {
         let stripes = self.stripes(&pieces);
         let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].write()).collect();
         self.announce(&pieces)?;
-        let class = if durable {
-            IoClass::SyncWrite
-        } else {
-            IoClass::AsyncWrite
-        };
+        // A client waits for every write (weir has no write-back cache), so
+        // all are sync-write; async-write is for write-back.
+        let class = IoClass::SyncWrite;
         let mut ops = Vec::new();
         let mut owners = Vec::new();
         for piece in &pieces {

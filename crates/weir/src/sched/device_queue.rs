@@ -1,0 +1,294 @@
+//! The queue in front of one real device: counts every I/O by class with
+//! a latency histogram, and, unless its mode is fifo, holds reads and
+//! writes in an `IoQueue` until the mode lets them go. The queue's state
+//! machine is driven from submissions and completions; a small timer
+//! thread covers the mode's own deadlines (a background I/O held while
+//! nothing is in flight).
+//!
+//! ```text
+//!  submit(class, op) ──fifo, flush, discard──────────────────────> device
+//!        │ read / write
+//!        ▼
+//!  IoQueue.enqueue ── next_to_issue ──> device ── completion ──> IoQueue.complete
+//!        ▲                                                  └──> next_to_issue ...
+//!  timer thread: next_deadline ─┘
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{IoClass, IoQueue, Mode, QueuedIo};
+use crate::device::{Completion, Device, DeviceOp};
+
+/// Log2 latency buckets: bucket i holds [2^i, 2^(i+1)) microseconds.
+pub const LATENCY_BUCKETS: usize = 32;
+/// The timer thread looks again at least this often.
+const TIMER_POLL_MAX: Duration = Duration::from_millis(100);
+
+/// Counters of one class on one device.
+#[derive(Debug, Default)]
+pub struct ClassCounters {
+    pub ops: AtomicU64,
+    pub bytes: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub errors: AtomicU64,
+    /// Submission to completion, queueing included.
+    pub latency_log2_us: [AtomicU64; LATENCY_BUCKETS],
+}
+
+impl ClassCounters {
+    fn record_latency(&self, elapsed: Duration) {
+        let us = elapsed.as_micros() as u64;
+        let bucket = if us == 0 {
+            0
+        } else {
+            (63 - us.leading_zeros() as usize).min(LATENCY_BUCKETS - 1)
+        };
+        self.latency_log2_us[bucket].fetch_add(1, Relaxed);
+    }
+}
+
+struct Held {
+    op: DeviceOp,
+    done: Completion,
+    class: IoClass,
+    submitted: Instant,
+}
+
+struct Scheduled {
+    queue: IoQueue,
+    held: HashMap<u64, Held>,
+    next_id: u64,
+}
+
+struct Shared {
+    device: Arc<dyn Device>,
+    counters: [ClassCounters; IoClass::ALL.len()],
+    mode: AtomicU8,
+    scheduled: Mutex<Scheduled>,
+    epoch: Instant,
+    timer_wake: Condvar,
+    stopping: AtomicBool,
+}
+
+/// The queue in front of one device.
+pub struct DeviceQueue {
+    shared: Arc<Shared>,
+    timer: Option<JoinHandle<()>>,
+}
+
+fn mode_from(value: u8) -> Mode {
+    match value {
+        0 => Mode::Fifo,
+        1 => Mode::Zfs,
+        _ => Mode::Adaptive,
+    }
+}
+
+fn mode_to(mode: Mode) -> u8 {
+    match mode {
+        Mode::Fifo => 0,
+        Mode::Zfs => 1,
+        Mode::Adaptive => 2,
+    }
+}
+
+impl DeviceQueue {
+    /// A pass-through queue (fifo): it only counts.
+    pub fn new(device: Arc<dyn Device>) -> Self {
+        Self::with_mode(device, Mode::Fifo)
+    }
+
+    pub fn with_mode(device: Arc<dyn Device>, mode: Mode) -> Self {
+        let rotational = device.info().rotational;
+        let shared = Arc::new(Shared {
+            device,
+            counters: Default::default(),
+            mode: AtomicU8::new(mode_to(mode)),
+            // Merging needs split buffers: not in real time yet.
+            scheduled: Mutex::new(Scheduled {
+                queue: IoQueue::new(mode, rotational).without_merging(),
+                held: HashMap::new(),
+                next_id: 1,
+            }),
+            epoch: Instant::now(),
+            timer_wake: Condvar::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let timer_shared = Arc::clone(&shared);
+        let timer = std::thread::Builder::new()
+            .name("weir-sched-timer".into())
+            .spawn(move || timer_loop(&timer_shared))
+            .map_err(|err| tracing::error!(error = %err, "cannot start a queue timer"))
+            .ok();
+        DeviceQueue { shared, timer }
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.shared.device
+    }
+
+    pub fn counters(&self, class: IoClass) -> &ClassCounters {
+        &self.shared.counters[class as usize]
+    }
+
+    pub fn mode(&self) -> Mode {
+        mode_from(self.shared.mode.load(Relaxed))
+    }
+
+    /// Change the mode now; held I/Os move over (to fifo: they all go).
+    pub fn set_mode(&self, mode: Mode) {
+        let ready = {
+            let mut s = self.shared.scheduled.lock();
+            let now = self.shared.now();
+            s.queue.set_mode(mode, now);
+            self.shared.mode.store(mode_to(mode), Relaxed);
+            take_ready(&mut s, now)
+        };
+        issue(&self.shared, ready);
+    }
+
+    pub fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        let shared = &self.shared;
+        let this = &shared.counters[class as usize];
+        this.ops.fetch_add(1, Relaxed);
+        this.bytes.fetch_add(op.range().1, Relaxed);
+        this.in_flight.fetch_add(1, Relaxed);
+        let submitted = Instant::now();
+        let schedulable = matches!(op, DeviceOp::Read { .. } | DeviceOp::Write { .. });
+        if self.mode() == Mode::Fifo || !schedulable {
+            let shared_done = Arc::clone(shared);
+            shared.device.submit(
+                op,
+                Box::new(move |outcome| {
+                    finish(&shared_done, class, submitted, outcome.result.is_err());
+                    done(outcome)
+                }),
+            );
+            return;
+        }
+        let (offset, length) = op.range();
+        let write = matches!(op, DeviceOp::Write { .. });
+        let ready = {
+            let mut s = shared.scheduled.lock();
+            let id = s.next_id;
+            s.next_id += 1;
+            s.held.insert(
+                id,
+                Held {
+                    op,
+                    done,
+                    class,
+                    submitted,
+                },
+            );
+            let now = shared.now();
+            s.queue.enqueue(
+                QueuedIo {
+                    id,
+                    class,
+                    offset,
+                    length,
+                    write,
+                },
+                now,
+            );
+            let ready = take_ready(&mut s, now);
+            if s.queue.active_total() == 0 && s.queue.waiting_total() > 0 {
+                // Held with nothing in flight: only the timer can release it.
+                shared.timer_wake.notify_one();
+            }
+            ready
+        };
+        issue(shared, ready);
+    }
+}
+
+impl Drop for DeviceQueue {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Relaxed);
+        self.shared.timer_wake.notify_all();
+        if let Some(timer) = self.timer.take() {
+            let _ = timer.join();
+        }
+    }
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+fn finish(shared: &Shared, class: IoClass, submitted: Instant, failed: bool) {
+    let this = &shared.counters[class as usize];
+    this.in_flight.fetch_sub(1, Relaxed);
+    if failed {
+        this.errors.fetch_add(1, Relaxed);
+    }
+    this.record_latency(submitted.elapsed());
+}
+
+/// Everything the mode lets go now.
+fn take_ready(s: &mut Scheduled, now: u64) -> Vec<(u64, Held)> {
+    let mut ready = Vec::new();
+    while let Some(dispatch) = s.queue.next_to_issue(now) {
+        for io in dispatch.ios {
+            let held = s.held.remove(&io.id).expect("held I/Os are in the queue");
+            ready.push((io.id, held));
+        }
+    }
+    ready
+}
+
+/// Send released I/Os to the device (never under the queue's lock: a
+/// device may complete inline).
+fn issue(shared: &Arc<Shared>, ready: Vec<(u64, Held)>) {
+    for (id, held) in ready {
+        let Held {
+            op,
+            done,
+            class,
+            submitted,
+        } = held;
+        let shared_done = Arc::clone(shared);
+        shared.device.submit(
+            op,
+            Box::new(move |outcome| {
+                finish(&shared_done, class, submitted, outcome.result.is_err());
+                let more = {
+                    let mut s = shared_done.scheduled.lock();
+                    let now = shared_done.now();
+                    s.queue.complete(id, now);
+                    take_ready(&mut s, now)
+                };
+                issue(&shared_done, more);
+                done(outcome)
+            }),
+        );
+    }
+}
+
+fn timer_loop(shared: &Arc<Shared>) {
+    let mut s = shared.scheduled.lock();
+    while !shared.stopping.load(Relaxed) {
+        let now = shared.now();
+        let wait = s
+            .queue
+            .next_deadline(now)
+            .map_or(TIMER_POLL_MAX, |t| Duration::from_nanos(t - now))
+            .min(TIMER_POLL_MAX);
+        shared.timer_wake.wait_for(&mut s, wait);
+        let ready = take_ready(&mut s, shared.now());
+        if !ready.is_empty() {
+            drop(s);
+            issue(shared, ready);
+            s = shared.scheduled.lock();
+        }
+    }
+}
