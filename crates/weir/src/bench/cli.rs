@@ -25,6 +25,15 @@ pub enum BenchCommand {
     WritebackVsRandread(ScenarioArgs),
     /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors (sim only, so far).
     Scheduler(ScenarioArgs),
+    /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
+    QueueOverhead(OverheadArgs),
+}
+
+#[derive(Args)]
+pub struct OverheadArgs {
+    /// I/Os per mode.
+    #[arg(long, default_value_t = 2_000_000)]
+    ios: u64,
 }
 
 #[derive(Args)]
@@ -86,6 +95,12 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
         BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
         BenchCommand::Scheduler(args) => scenario(args, 60.0, scenarios::scheduler),
+        BenchCommand::QueueOverhead(args) => {
+            print!("{}", super::overhead::run(args.ios)?);
+            let rerun: Vec<String> = std::env::args().collect();
+            println!("rerun: {}", rerun.join(" "));
+            Ok(())
+        }
         BenchCommand::WritebackVsRandread(args) => {
             scenario(args, 10.0, scenarios::writeback_vs_randread)
         }

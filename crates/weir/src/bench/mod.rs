@@ -12,6 +12,7 @@
 pub mod cli;
 pub mod job;
 pub mod nbd_client;
+pub mod overhead;
 pub mod plot;
 pub mod png;
 pub mod real;
