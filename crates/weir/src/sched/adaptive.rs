@@ -63,6 +63,8 @@ pub struct Adaptive {
     active: [u32; CLASSES],
     /// Decaying service latency per class.
     latency: [Ewma; CLASSES],
+    /// Decaying background latency per I/O ahead of it at issue.
+    background_unqueued: Ewma,
     /// Interactive latency with no background I/O beside it.
     clean: Ewma,
     /// Clean samples still to take before background may grow again.
@@ -89,6 +91,7 @@ impl Default for Adaptive {
         Adaptive {
             active: [0; CLASSES],
             latency: [Ewma::default(); CLASSES],
+            background_unqueued: Ewma::default(),
             clean: Ewma::default(),
             clean_wanted: CLEAN_SAMPLES_WANTED,
             since_clean: 0,
@@ -124,7 +127,17 @@ impl Adaptive {
             .reduce(f64::min)
     }
 
+    /// Background service time: latency divided by the I/Os it found in
+    /// the device, so that queueing behind them does not count. It sets the
+    /// share window.
     fn background_service(&self) -> Option<f64> {
+        self.background_unqueued.get()
+    }
+
+    /// What a background I/O costs an interactive one that meets it in the
+    /// device: its whole latency there (seeks and queueing included). It
+    /// sets the budget.
+    fn background_cost(&self) -> Option<f64> {
         BACKGROUND
             .iter()
             .filter_map(|c| self.latency[*c as usize].get())
@@ -149,7 +162,7 @@ impl Adaptive {
     /// still meet the target: the slack over its clean latency, in units
     /// of background service time (at least one).
     fn budget_depth(&self) -> u32 {
-        match (self.clean.get(), self.background_service()) {
+        match (self.clean.get(), self.background_cost()) {
             (Some(clean), Some(service)) if service > 0.0 => {
                 let slack = clean * (TARGET_FACTOR - 1.0);
                 ((slack / service).floor() as u32).max(1)
@@ -174,11 +187,16 @@ impl Adaptive {
             (self.depth.floor() as u32).min(self.budget_depth())
         };
         let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
-        let starved = background_active == 0
-            && self
-                .share_window()
-                .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
-        granted.max(u32::from(starved))
+        // The guaranteed share: one more background I/O once per window,
+        // even when interactive I/O keeps the device full.
+        let starved = self
+            .share_window()
+            .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
+        if starved && granted == 0 {
+            background_active + 1
+        } else {
+            granted
+        }
     }
 
     pub fn class_to_issue(
@@ -198,7 +216,11 @@ impl Adaptive {
         }
         let interactive_active =
             self.active[IoClass::SyncRead as usize] + self.active[IoClass::SyncWrite as usize];
-        if interactive_active > 0 && self.background_since_interactive >= limit {
+        let share_due = self.depth < 1.0
+            && self
+                .share_window()
+                .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
+        if interactive_active > 0 && self.background_since_interactive >= limit && !share_due {
             // Interactive I/O in the device must not see more background
             // overtake it than the depth allows.
             return None;
@@ -221,8 +243,12 @@ impl Adaptive {
             self.background_since_interactive = 0;
         }
         let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
-        // Encode whether background was already active, and the issue count.
-        (self.background_issues << 1) | u64::from(background_active > 0)
+        let all_active: u32 = self.active.iter().sum();
+        // Packed: background issues so far, I/Os in the device (this one
+        // included), whether background was active.
+        (self.background_issues << 17)
+            | (u64::from(all_active.min(0xffff)) << 1)
+            | u64::from(background_active > 0)
     }
 
     pub fn completed(&mut self, class: IoClass, token: u64, latency: Nanos, now: Nanos) {
@@ -230,10 +256,12 @@ impl Adaptive {
         let sample = latency as f64;
         self.latency[class as usize].record(sample);
         if is_background(class) {
+            let in_device = ((token >> 1) & 0xffff).max(1);
+            self.background_unqueued.record(sample / in_device as f64);
             return;
         }
         self.last_interactive = now;
-        let clean = token & 1 == 0 && token >> 1 == self.background_issues;
+        let clean = token & 1 == 0 && token >> 17 == self.background_issues;
         if clean {
             self.clean.record(sample);
             self.clean_wanted = self.clean_wanted.saturating_sub(1);
