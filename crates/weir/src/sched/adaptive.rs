@@ -26,6 +26,8 @@ const SHARE_WINDOW_SERVICES: f64 = 9.0;
 /// without any: an arrival after a shorter gap would find the device full
 /// of background I/O.
 const IDLE_AFTER_SERVICES: f64 = 64.0;
+/// Background pieces are whole 4 KiB blocks.
+const PIECE_ALIGN_BYTES: u64 = 4096;
 /// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
 const EWMA_WEIGHT: f64 = 0.125;
 /// Interactive samples per depth decision: single HDD latencies vary by
@@ -65,6 +67,8 @@ pub struct Adaptive {
     latency: [Ewma; CLASSES],
     /// Decaying background latency per I/O ahead of it at issue.
     background_unqueued: Ewma,
+    /// The same per byte: what a byte of background costs the device.
+    background_ns_per_byte: Ewma,
     /// Interactive latency with no background I/O beside it.
     clean: Ewma,
     /// Clean samples still to take before background may grow again.
@@ -92,6 +96,7 @@ impl Default for Adaptive {
             active: [0; CLASSES],
             latency: [Ewma::default(); CLASSES],
             background_unqueued: Ewma::default(),
+            background_ns_per_byte: Ewma::default(),
             clean: Ewma::default(),
             clean_wanted: CLEAN_SAMPLES_WANTED,
             since_clean: 0,
@@ -251,13 +256,36 @@ impl Adaptive {
             | u64::from(background_active > 0)
     }
 
-    pub fn completed(&mut self, class: IoClass, token: u64, latency: Nanos, now: Nanos) {
+    /// Background pieces no larger than this: an interactive I/O that
+    /// arrives behind one should lose at most half its slack to it.
+    pub fn piece_bytes(&self) -> Option<u64> {
+        let clean = self.clean.get()?;
+        let per_byte = self.background_ns_per_byte.get()?;
+        if per_byte <= 0.0 {
+            return None;
+        }
+        let bytes = clean * (TARGET_FACTOR - 1.0) / 2.0 / per_byte;
+        Some(((bytes as u64) / PIECE_ALIGN_BYTES).max(1) * PIECE_ALIGN_BYTES)
+    }
+
+    pub fn completed(
+        &mut self,
+        class: IoClass,
+        token: u64,
+        latency: Nanos,
+        length: u64,
+        now: Nanos,
+    ) {
         self.active[class as usize] -= 1;
         let sample = latency as f64;
         self.latency[class as usize].record(sample);
         if is_background(class) {
             let in_device = ((token >> 1) & 0xffff).max(1);
             self.background_unqueued.record(sample / in_device as f64);
+            if length > 0 {
+                self.background_ns_per_byte
+                    .record(sample / in_device as f64 / length as f64);
+            }
             return;
         }
         self.last_interactive = now;

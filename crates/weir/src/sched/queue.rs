@@ -123,10 +123,23 @@ pub struct ClassActivity {
 struct InFlight {
     class: IoClass,
     issued: Nanos,
+    length: u64,
     /// What the adaptive mode needs back at completion.
     token: u64,
     ios: Vec<QueuedIo>,
+    /// A piece of this I/O (split), rather than whole I/Os.
+    piece_of: Option<u64>,
 }
+
+/// An I/O sent in pieces: it completes with its last piece.
+struct Split {
+    io: QueuedIo,
+    in_flight: u32,
+    rest_queued: bool,
+}
+
+/// Piece dispatch ids live apart from I/O ids.
+const PIECE_IDS_FROM: u64 = 1 << 62;
 
 pub struct IoQueue {
     mode: Mode,
@@ -141,6 +154,12 @@ pub struct IoQueue {
     last_end: u64,
     zfs: Zfs,
     adaptive: Adaptive,
+    /// Merge and split I/Os (drivers that cannot reshape buffers turn it off).
+    reshape: bool,
+    splits: HashMap<u64, Split>,
+    /// Piece dispatch id -> the I/O it is a piece of.
+    piece_owner: HashMap<u64, u64>,
+    next_piece_id: u64,
 }
 
 impl IoClass {
@@ -173,12 +192,17 @@ impl IoQueue {
             last_end: 0,
             zfs: Zfs::default(),
             adaptive: Adaptive::default(),
+            reshape: true,
+            splits: HashMap::new(),
+            piece_owner: HashMap::new(),
+            next_piece_id: PIECE_IDS_FROM,
         }
     }
 
-    /// Never merge (for drivers that cannot split a merged buffer).
+    /// Never merge or split (for drivers that cannot reshape buffers).
     pub fn without_merging(mut self) -> IoQueue {
         self.merge_limit = 0;
+        self.reshape = false;
         self
     }
 
@@ -253,13 +277,16 @@ impl IoQueue {
             Mode::Adaptive => self.adaptive.issued(class, now),
             Mode::Fifo => 0,
         };
+        let piece_of = self.piece_owner.remove(&dispatch.id);
         self.in_flight.insert(
             dispatch.id,
             InFlight {
                 class,
                 issued: now,
+                length: dispatch.length,
                 token,
                 ios: dispatch.ios.clone(),
+                piece_of,
             },
         );
         Some(dispatch)
@@ -276,12 +303,22 @@ impl IoQueue {
         let latency = now.saturating_sub(done.issued);
         match self.mode {
             Mode::Zfs => self.zfs.completed(done.class),
-            Mode::Adaptive => self
-                .adaptive
-                .completed(done.class, done.token, latency, now),
+            Mode::Adaptive => {
+                self.adaptive
+                    .completed(done.class, done.token, latency, done.length, now)
+            }
             Mode::Fifo => {}
         }
-        done.ios
+        let Some(owner) = done.piece_of else {
+            return done.ios;
+        };
+        let split = self.splits.get_mut(&owner).expect("a piece has its split");
+        split.in_flight -= 1;
+        if split.in_flight == 0 && !split.rest_queued {
+            let split = self.splits.remove(&owner).expect("present");
+            return vec![split.io];
+        }
+        Vec::new()
     }
 
     /// When, after `now`, the mode wants to be asked again even with no
@@ -336,7 +373,18 @@ impl IoQueue {
                 .expect("the class has I/Os")
                 .0
         };
-        let first = queue.remove(key).io;
+        let waiting = queue.remove(key);
+        let first = waiting.io;
+        let background = !matches!(class, IoClass::SyncRead | IoClass::SyncWrite);
+        let piece = if self.reshape && self.mode == Mode::Adaptive && background {
+            self.adaptive.piece_bytes()
+        } else {
+            None
+        };
+        if piece.is_some() || self.splits.contains_key(&first.id) {
+            return self.take_piece(first, waiting.since, piece);
+        }
+        let queue = &mut self.classes[class as usize];
         let mut ios = vec![first];
         let mut end = first.offset + first.length;
         if !class.is_fifo() {
@@ -362,6 +410,60 @@ impl IoQueue {
             length: end - first.offset,
             write: first.write,
             ios,
+        }
+    }
+
+    /// Send the first `piece` bytes of `io` (all of it if it fits), and
+    /// queue the rest under the same id. The I/O completes with its last piece.
+    fn take_piece(&mut self, io: QueuedIo, since: Nanos, piece: Option<u64>) -> Dispatch {
+        let length = piece.map_or(io.length, |p| p.min(io.length));
+        let rest = io.length - length;
+        if rest == 0 && !self.splits.contains_key(&io.id) {
+            // Fits whole and was never split: an ordinary dispatch.
+            self.last_end = io.offset + io.length;
+            return Dispatch {
+                id: io.id,
+                class: io.class,
+                offset: io.offset,
+                length: io.length,
+                write: io.write,
+                ios: vec![io],
+            };
+        }
+        let split = self.splits.entry(io.id).or_insert(Split {
+            io,
+            in_flight: 0,
+            rest_queued: false,
+        });
+        split.in_flight += 1;
+        split.rest_queued = rest > 0;
+        if rest > 0 {
+            let remainder = QueuedIo {
+                offset: io.offset + length,
+                length: rest,
+                ..io
+            };
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.classes[io.class as usize].insert(
+                (remainder.offset, seq),
+                Waiting {
+                    io: remainder,
+                    since,
+                },
+            );
+        }
+        self.last_end = io.offset + length;
+        let id = self.next_piece_id;
+        self.next_piece_id += 1;
+        self.piece_owner.insert(id, io.id);
+        Dispatch {
+            id,
+            class: io.class,
+            offset: io.offset,
+            length,
+            write: io.write,
+            ios: Vec::new(),
         }
     }
 }

@@ -110,3 +110,46 @@ fn adaptive_cuts_background_when_interactive_latency_rises_and_keeps_a_share() {
         "background was cut: {slow_reads} of 200 reads had a scrub I/O beside them"
     );
 }
+
+#[test]
+fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
+    let mut queue = IoQueue::new(Mode::Adaptive, false);
+    let mut now = 0;
+    // Flash-like: a 4 KiB read takes 100 us alone; a 1 MiB scrub read, 2 ms.
+    for id in 0..10 {
+        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
+        let d = queue.next_to_issue(now).unwrap();
+        now += 100_000;
+        queue.complete(d.id, now);
+    }
+    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
+    let d = queue.next_to_issue(now).unwrap();
+    assert_eq!(d.length, 1 << 20, "no per-byte cost measured yet: whole");
+    now += 2_000_000;
+    assert_eq!(queue.complete(d.id, now).len(), 1);
+    // Now measured: 1 MiB in 2 ms is ~1.9 ns a byte; half the slack
+    // (50 us) buys ~26 KiB pieces.
+    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    let mut pieces = 0;
+    let mut covered = 0;
+    let mut completed = Vec::new();
+    while completed.is_empty() {
+        let d = queue.next_to_issue(now).expect("the rest is sent");
+        assert!(
+            d.length < 1 << 20 && d.length % 4096 == 0,
+            "a piece: {}",
+            d.length
+        );
+        assert_eq!(d.offset, (1 << 20) + covered);
+        covered += d.length;
+        pieces += 1;
+        now += 50_000;
+        completed = queue.complete(d.id, now);
+    }
+    assert_eq!(covered, 1 << 20, "the pieces cover the I/O exactly");
+    assert!(pieces > 10, "{pieces} pieces");
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].id, 101);
+    assert_eq!(completed[0].length, 1 << 20, "the whole I/O comes back");
+    assert!(queue.next_to_issue(now).is_none());
+}
