@@ -136,7 +136,7 @@ fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
     while completed.is_empty() {
         let d = queue.next_to_issue(now).expect("the rest is sent");
         assert!(
-            d.length < 1 << 20 && d.length % 4096 == 0,
+            d.length < 1 << 20 && d.length.is_multiple_of(4096),
             "a piece: {}",
             d.length
         );
