@@ -515,7 +515,7 @@ pub fn set_pool_sched(data_dir: &Path, pool: &str, mode: Mode) -> anyhow::Result
 pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
     try_lock_data_dir(data_dir)?.with_context(|| {
         format!(
-            "{} is in use by a running weir serve; stop it first (the admin endpoint that would do this live is not built yet)",
+            "{} is in use by a running weir serve; stop it first (creating pools, importing them and changing volumes are done with the server stopped)",
             data_dir.display()
         )
     })

@@ -89,14 +89,13 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Status(args) => {
             // admin::status takes the lock itself (to repair labels).
             let server_up = admin::try_lock_data_dir(&args.data_dir)?.is_none();
-            match server_up {
-                false => print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?),
-                true => {
-                    let client = AdminClient::for_data_dir(&args.data_dir)?;
-                    let query: Vec<(&str, &str)> =
-                        args.name.iter().map(|n| ("pool", n.as_str())).collect();
-                    print!("{}", client.call("GET", "/v1/status", &query)?);
-                }
+            if server_up {
+                let client = AdminClient::for_data_dir(&args.data_dir)?;
+                let query: Vec<(&str, &str)> =
+                    args.name.iter().map(|n| ("pool", n.as_str())).collect();
+                print!("{}", client.call("GET", "/v1/status", &query)?);
+            } else {
+                print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?);
             }
             Ok(())
         }
