@@ -26,6 +26,8 @@ const SHARE_WINDOW_SERVICES: f64 = 9.0;
 /// without any: an arrival after a shorter gap would find the device full
 /// of background I/O.
 const IDLE_AFTER_SERVICES: f64 = 64.0;
+/// The share of the latency slack one background piece may take.
+const PIECE_SLACK_SHARE: f64 = 0.125;
 /// Background pieces are whole 4 KiB blocks.
 const PIECE_ALIGN_BYTES: u64 = 4096;
 /// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
@@ -88,6 +90,9 @@ pub struct Adaptive {
     background_issues: u64,
     last_interactive: Nanos,
     last_background: Nanos,
+    /// The I/O being chosen goes by the guaranteed share: send it whole,
+    /// since a share that moves one small piece per window moves nothing.
+    share_grant: bool,
 }
 
 impl Default for Adaptive {
@@ -107,6 +112,7 @@ impl Default for Adaptive {
             background_issues: 0,
             last_interactive: 0,
             last_background: 0,
+            share_grant: false,
         }
     }
 }
@@ -230,15 +236,19 @@ impl Adaptive {
             // overtake it than the depth allows.
             return None;
         }
-        BACKGROUND
+        let granted = self.clean_wanted == 0 && self.depth >= 1.0;
+        let class = BACKGROUND
             .into_iter()
-            .find(|c| queued[*c as usize].queued > 0)
+            .find(|c| queued[*c as usize].queued > 0)?;
+        self.share_grant = !granted && share_due;
+        Some(class)
     }
 
     /// An I/O of `class` went to the device; the token goes back with its
     /// completion.
     pub fn issued(&mut self, class: IoClass, now: Nanos) -> u64 {
         self.active[class as usize] += 1;
+        self.share_grant = false;
         if is_background(class) {
             self.background_issues += 1;
             self.background_since_interactive += 1;
@@ -257,14 +267,19 @@ impl Adaptive {
     }
 
     /// Background pieces no larger than this: an interactive I/O that
-    /// arrives behind one should lose at most half its slack to it.
+    /// arrives behind one should lose at most an eighth of its slack to it.
+    /// Pieces in a row of a sequential stream cost a drive little, so small
+    /// is cheap while nothing interrupts, and short when something does.
     pub fn piece_bytes(&self) -> Option<u64> {
+        if self.share_grant {
+            return None;
+        }
         let clean = self.clean.get()?;
         let per_byte = self.background_ns_per_byte.get()?;
         if per_byte <= 0.0 {
             return None;
         }
-        let bytes = clean * (TARGET_FACTOR - 1.0) / 2.0 / per_byte;
+        let bytes = clean * (TARGET_FACTOR - 1.0) * PIECE_SLACK_SHARE / per_byte;
         Some(((bytes as u64) / PIECE_ALIGN_BYTES).max(1) * PIECE_ALIGN_BYTES)
     }
 
