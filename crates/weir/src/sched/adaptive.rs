@@ -14,7 +14,7 @@ use crate::device::model::Nanos;
 
 /// Interactive latency may reach this multiple of its clean level before
 /// background depth is cut.
-const TARGET_FACTOR: f64 = 2.0;
+const TARGET_FACTOR: f64 = 2.5;
 /// Background depth when no interactive work has been seen for a long
 /// while, and the ceiling of the controlled depth.
 const BACKGROUND_DEPTH_MAX: f64 = 8.0;
