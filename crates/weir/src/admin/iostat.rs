@@ -13,6 +13,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::client::AdminClient;
+use crate::bench::plot::bucket_label;
 use crate::sched::{IoClass, LATENCY_BUCKETS};
 
 #[derive(Args)]
@@ -159,18 +160,6 @@ fn render_histograms(latency: &BTreeMap<(String, String), Vec<u64>>) -> String {
         }
     }
     out
-}
-
-/// The lower edge of bucket `i`: 2^i microseconds.
-fn bucket_label(i: usize) -> String {
-    let us = 1u64 << i;
-    if us >= 1_000_000 {
-        format!("{}s", us / 1_000_000)
-    } else if us >= 1000 {
-        format!("{}ms", us / 1000)
-    } else {
-        format!("{us}us")
-    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ const COLOURS: [[u8; 3]; 6] = [
 ];
 
 /// Bucket i's lower bound, 2^i us, as people write it.
-fn bucket_label(i: usize) -> String {
+pub(crate) fn bucket_label(i: usize) -> String {
     let us = 1u64 << i;
     if us >= 1_000_000 {
         format!("{}s", us / 1_000_000)

@@ -65,6 +65,13 @@ impl Registry {
         }
     }
 
+    fn entry_mut(&mut self, pool: &str) -> anyhow::Result<&mut RegisteredPool> {
+        self.pool
+            .iter_mut()
+            .find(|p| p.name == pool)
+            .with_context(|| format!("no pool named {pool:?} in the registry"))
+    }
+
     fn save(&self, data_dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
@@ -457,12 +464,8 @@ pub fn set_member_spec(
     text: &str,
 ) -> anyhow::Result<()> {
     let mut registry = Registry::load(data_dir)?;
-    let entry = registry
-        .pool
-        .iter_mut()
-        .find(|p| p.name == pool)
-        .with_context(|| format!("no pool named {pool:?} in the registry"))?;
-    let slot = entry
+    let slot = registry
+        .entry_mut(pool)?
         .devices
         .get_mut(index)
         .with_context(|| format!("pool {pool:?} has no member {index} in the registry"))?;
@@ -500,12 +503,7 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
 /// Record the device queues' mode of `pool` in the registry.
 pub fn set_pool_sched(data_dir: &Path, pool: &str, mode: Mode) -> anyhow::Result<()> {
     let mut registry = Registry::load(data_dir)?;
-    let entry = registry
-        .pool
-        .iter_mut()
-        .find(|p| p.name == pool)
-        .with_context(|| format!("no pool named {pool:?} in the registry"))?;
-    entry.sched = Some(mode.name().to_string());
+    registry.entry_mut(pool)?.sched = Some(mode.name().to_string());
     registry.save(data_dir)
 }
 
