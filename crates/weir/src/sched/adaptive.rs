@@ -64,7 +64,6 @@ impl Ewma {
 
 #[derive(Debug)]
 pub struct Adaptive {
-    active: [u32; CLASSES],
     /// Decaying service latency per class.
     latency: [Ewma; CLASSES],
     /// Decaying background latency per I/O ahead of it at issue.
@@ -98,7 +97,6 @@ pub struct Adaptive {
 impl Default for Adaptive {
     fn default() -> Adaptive {
         Adaptive {
-            active: [0; CLASSES],
             latency: [Ewma::default(); CLASSES],
             background_unqueued: Ewma::default(),
             background_ns_per_byte: Ewma::default(),
@@ -126,8 +124,12 @@ const BACKGROUND: [IoClass; 5] = [
     IoClass::Trim,
 ];
 
-fn is_background(class: IoClass) -> bool {
-    !matches!(class, IoClass::SyncRead | IoClass::SyncWrite)
+/// Background I/Os in the device.
+fn background_active(activity: &[ClassActivity; CLASSES]) -> u32 {
+    BACKGROUND
+        .iter()
+        .map(|c| activity[*c as usize].active)
+        .sum()
 }
 
 impl Adaptive {
@@ -159,7 +161,7 @@ impl Adaptive {
     fn interactive_present(&self, queued: &[ClassActivity; CLASSES], now: Nanos) -> bool {
         let busy = [IoClass::SyncRead, IoClass::SyncWrite]
             .iter()
-            .any(|c| queued[*c as usize].queued > 0 || self.active[*c as usize] > 0);
+            .any(|c| queued[*c as usize].queued > 0 || queued[*c as usize].active > 0);
         if busy {
             return true;
         }
@@ -197,7 +199,7 @@ impl Adaptive {
         } else {
             (self.depth.floor() as u32).min(self.budget_depth())
         };
-        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
+        let background_active = background_active(queued);
         // The guaranteed share: one more background I/O once per window,
         // even when interactive I/O keeps the device full.
         let starved = self
@@ -221,12 +223,11 @@ impl Adaptive {
             }
         }
         let limit = self.background_limit(queued, now);
-        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
-        if background_active >= limit {
+        if background_active(queued) >= limit {
             return None;
         }
         let interactive_active =
-            self.active[IoClass::SyncRead as usize] + self.active[IoClass::SyncWrite as usize];
+            queued[IoClass::SyncRead as usize].active + queued[IoClass::SyncWrite as usize].active;
         let share_due = self.depth < 1.0
             && self
                 .share_window()
@@ -244,12 +245,11 @@ impl Adaptive {
         Some(class)
     }
 
-    /// An I/O of `class` went to the device; the token goes back with its
-    /// completion.
-    pub fn issued(&mut self, class: IoClass, now: Nanos) -> u64 {
-        self.active[class as usize] += 1;
+    /// An I/O of `class` went to the device (`active` counts it); the
+    /// token goes back with its completion.
+    pub fn issued(&mut self, class: IoClass, now: Nanos, active: &[ClassActivity; CLASSES]) -> u64 {
         self.share_grant = false;
-        if is_background(class) {
+        if !class.is_sync() {
             self.background_issues += 1;
             self.background_since_interactive += 1;
             self.last_background = now;
@@ -257,13 +257,13 @@ impl Adaptive {
             self.last_interactive = now;
             self.background_since_interactive = 0;
         }
-        let background_active: u32 = BACKGROUND.iter().map(|c| self.active[*c as usize]).sum();
-        let all_active: u32 = self.active.iter().sum();
+        let all_active: u32 = active.iter().map(|c| c.active).sum();
+        let background_active = background_active(active) > u32::from(!class.is_sync());
         // Packed: background issues so far, I/Os in the device (this one
         // included), whether background was active.
         (self.background_issues << 17)
             | (u64::from(all_active.min(0xffff)) << 1)
-            | u64::from(background_active > 0)
+            | u64::from(background_active)
     }
 
     /// Background pieces no larger than this: an interactive I/O that
@@ -291,10 +291,9 @@ impl Adaptive {
         length: u64,
         now: Nanos,
     ) {
-        self.active[class as usize] -= 1;
         let sample = latency as f64;
         self.latency[class as usize].record(sample);
-        if is_background(class) {
+        if !class.is_sync() {
             let in_device = ((token >> 1) & 0xffff).max(1);
             self.background_unqueued.record(sample / in_device as f64);
             if length > 0 {

@@ -122,6 +122,9 @@ pub struct ClassActivity {
 
 struct InFlight {
     class: IoClass,
+    /// The mode that issued it hears of its completion, even if the mode
+    /// changed meanwhile.
+    mode: Mode,
     issued: Nanos,
     length: u64,
     /// What the adaptive mode needs back at completion.
@@ -168,7 +171,13 @@ impl IoClass {
         matches!(self, IoClass::SyncRead | IoClass::SyncWrite | IoClass::Trim)
     }
 
-    /// A client waits on it (OpenZFS's "interactive").
+    /// A client waits on this very I/O; everything else is background to
+    /// the adaptive mode.
+    pub fn is_sync(self) -> bool {
+        matches!(self, IoClass::SyncRead | IoClass::SyncWrite)
+    }
+
+    /// Not scrub or resilver (OpenZFS's "interactive").
     pub fn is_interactive(self) -> bool {
         !matches!(self, IoClass::Scrub | IoClass::Resilver)
     }
@@ -274,7 +283,10 @@ impl IoQueue {
                 self.zfs.issued(class);
                 0
             }
-            Mode::Adaptive => self.adaptive.issued(class, now),
+            Mode::Adaptive => {
+                let activity = self.activity();
+                self.adaptive.issued(class, now, &activity)
+            }
             Mode::Fifo => 0,
         };
         let piece_of = self.piece_owner.remove(&dispatch.id);
@@ -282,6 +294,7 @@ impl IoQueue {
             dispatch.id,
             InFlight {
                 class,
+                mode: self.mode,
                 issued: now,
                 length: dispatch.length,
                 token,
@@ -301,7 +314,7 @@ impl IoQueue {
         self.active[done.class as usize] -= 1;
         self.active_total -= 1;
         let latency = now.saturating_sub(done.issued);
-        match self.mode {
+        match done.mode {
             Mode::Zfs => self.zfs.completed(done.class),
             Mode::Adaptive => {
                 self.adaptive
@@ -375,8 +388,7 @@ impl IoQueue {
         };
         let waiting = queue.remove(key);
         let first = waiting.io;
-        let background = !matches!(class, IoClass::SyncRead | IoClass::SyncWrite);
-        let piece = if self.reshape && self.mode == Mode::Adaptive && background {
+        let piece = if self.reshape && self.mode == Mode::Adaptive && !class.is_sync() {
             self.adaptive.piece_bytes()
         } else {
             None

@@ -153,3 +153,30 @@ fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
     assert_eq!(completed[0].length, 1 << 20, "the whole I/O comes back");
     assert!(queue.next_to_issue(now).is_none());
 }
+
+#[test]
+fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_them() {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    queue.enqueue(io(1, IoClass::SyncRead, 0, 4096), 0);
+    queue.enqueue(io(2, IoClass::Scrub, 1 << 20, 1 << 20), 0);
+    let first = drain(&mut queue, 0);
+    assert!(!first.is_empty());
+    // Switch while they are in the device; more arrive under zfs.
+    queue.set_mode(Mode::Zfs, 1);
+    queue.enqueue(io(3, IoClass::Scrub, 8 << 20, 1 << 20), 1);
+    queue.enqueue(io(4, IoClass::SyncRead, 4096, 4096), 1);
+    let mut in_device: Vec<u64> = first.iter().map(|d| d.id).collect();
+    in_device.extend(drain(&mut queue, 1).iter().map(|d| d.id));
+    queue.set_mode(Mode::Adaptive, 2);
+    let mut completed = Vec::new();
+    let mut now = 2;
+    while let Some(id) = in_device.pop() {
+        now += 1000;
+        completed.extend(queue.complete(id, now).into_iter().map(|i| i.id));
+        in_device.extend(drain(&mut queue, now).iter().map(|d| d.id));
+    }
+    completed.sort_unstable();
+    assert_eq!(completed, vec![1, 2, 3, 4], "every I/O completes once");
+    assert_eq!(queue.active_total(), 0);
+    assert_eq!(queue.waiting_total(), 0);
+}

@@ -52,7 +52,6 @@ pub struct Zfs {
     nia_credit: i32,
     /// Index into ORDER of the class last chosen (vq_last_prio).
     last: usize,
-    active: [u32; CLASSES],
 }
 
 impl Zfs {
@@ -95,22 +94,21 @@ impl Zfs {
         queued: &[ClassActivity; CLASSES],
         async_write_bytes: u64,
     ) -> Option<IoClass> {
-        if self.active.iter().sum::<u32>() >= MAX_ACTIVE {
+        let active = |class: IoClass| queued[class as usize].active;
+        if queued.iter().map(|c| c.active).sum::<u32>() >= MAX_ACTIVE {
             return None;
         }
         for n in 0..CLASSES {
             let index = (self.last + n + 1) % CLASSES;
             let class = ORDER[index];
-            if queued[class as usize].queued > 0
-                && self.active[class as usize] < self.min_active(class)
-            {
+            if queued[class as usize].queued > 0 && active(class) < self.min_active(class) {
                 self.last = index;
                 return Some(class);
             }
         }
         for (index, &class) in ORDER.iter().enumerate() {
             if queued[class as usize].queued > 0
-                && self.active[class as usize] < self.max_active(class, async_write_bytes)
+                && active(class) < self.max_active(class, async_write_bytes)
             {
                 self.last = index;
                 return Some(class);
@@ -121,7 +119,6 @@ impl Zfs {
 
     /// vdev_queue_pending_add
     pub fn issued(&mut self, class: IoClass) {
-        self.active[class as usize] += 1;
         if class.is_interactive() {
             self.ia_active += 1;
             if self.ia_active == 1 {
@@ -134,7 +131,6 @@ impl Zfs {
 
     /// vdev_queue_pending_remove
     pub fn completed(&mut self, class: IoClass) {
-        self.active[class as usize] -= 1;
         if class.is_interactive() {
             self.ia_active -= 1;
             self.nia_credit = if self.ia_active == 0 { 0 } else { NIA_CREDIT };

@@ -77,8 +77,8 @@ pub struct Simulation {
     devices: Vec<SimDevice>,
     jobs: Vec<JobState>,
     pending: HashMap<u64, Pending>,
-    /// Device I/O id -> (request id, device).
-    parts: HashMap<u64, (u64, usize)>,
+    /// Device I/O id -> request id.
+    parts: HashMap<u64, u64>,
     failing: BinaryHeap<Reverse<(Nanos, u64)>>,
     /// Closed-loop jobs thinking: (when, job index).
     thinking: BinaryHeap<Reverse<(Nanos, usize)>>,
@@ -342,7 +342,7 @@ impl Simulation {
         for (device_index, at) in targets {
             let part = self.next_id;
             self.next_id += 1;
-            self.parts.insert(part, (id, device_index));
+            self.parts.insert(part, id);
             let device = &mut self.devices[device_index];
             let faults = &device.spec.faults;
             if kind == IoKind::Read && faults.read_fails(at, length) {
@@ -370,7 +370,7 @@ impl Simulation {
 
     /// One copy's I/O is done; the request completes with its last copy.
     fn part_done(&mut self, part: u64, at: Nanos) {
-        let (id, _) = self
+        let id = self
             .parts
             .remove(&part)
             .expect("completed part was pending");
