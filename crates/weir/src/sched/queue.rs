@@ -215,10 +215,6 @@ impl IoQueue {
         self
     }
 
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// Change mode at run time; waiting I/Os move to the new structure.
     pub fn set_mode(&mut self, mode: Mode, now: Nanos) {
         if mode == self.mode {

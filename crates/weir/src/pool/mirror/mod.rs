@@ -272,10 +272,6 @@ impl PoolData {
         self.stripe.chunks_per_group
     }
 
-    pub fn data_bytes_per_group(&self) -> u64 {
-        self.stripe.chunks_per_group * CHUNK_BYTES
-    }
-
     /// The lock stripe of one chunk of one group.
     fn stripe_of(&self, group: usize, chunk: u64) -> usize {
         ((chunk as usize) * self.stripe.groups + group) % LOCK_STRIPES
