@@ -1,14 +1,13 @@
 //! The `weir bench` command line.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
 use super::report::Report;
 use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
+use super::served::ServedTargets;
 use super::{emit, parse_jobs, run_jobs, Target};
 use crate::device::model::ModelSpec;
 use crate::sched::Mode;
@@ -221,98 +220,5 @@ impl Targets for UriTargets {
             uri: self.0.clone(),
             device: Some(format!("assumed {device}")),
         })
-    }
-}
-
-/// `weir serve` started per device, on a Unix socket in a temporary directory.
-struct ServedTargets {
-    dir: tempdir::Dir,
-    servers: Vec<(String, Child, String)>,
-}
-
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new() -> std::io::Result<Dir> {
-            let path = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
-            std::fs::create_dir_all(&path)?;
-            Ok(Dir(path))
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-impl ServedTargets {
-    fn new() -> anyhow::Result<ServedTargets> {
-        Ok(ServedTargets {
-            dir: tempdir::Dir::new().context("cannot create a socket directory")?,
-            servers: Vec::new(),
-        })
-    }
-}
-
-impl Targets for ServedTargets {
-    fn target(&mut self, device: &str) -> anyhow::Result<Target> {
-        if let Some((_, _, uri)) = self.servers.iter().find(|(d, _, _)| d == device) {
-            return Ok(Target::Nbd {
-                uri: uri.clone(),
-                device: Some(device.into()),
-            });
-        }
-        let socket = self.dir.path().join(format!("{}.sock", self.servers.len()));
-        let exe = std::env::current_exe().context("cannot find the weir binary")?;
-        let child = Command::new(exe)
-            .args([
-                "serve",
-                "--listen",
-                "none",
-                "--log-level",
-                "warn",
-                "--socket",
-            ])
-            .arg(&socket)
-            .arg("--export")
-            .arg(format!("bench={device}"))
-            .stdout(Stdio::null())
-            .spawn()
-            .context("cannot start weir serve")?;
-        let uri = format!("nbd+unix:///bench?socket={}", socket.display());
-        self.servers.push((device.into(), child, uri.clone()));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // A full handshake, so the server sees a client, not a probe.
-        while super::nbd_client::connect(&uri).is_err() {
-            if Instant::now() > deadline {
-                bail!("weir serve did not come up on {}", socket.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(Target::Nbd {
-            uri,
-            device: Some(device.into()),
-        })
-    }
-}
-
-impl Drop for ServedTargets {
-    fn drop(&mut self) {
-        for (_, child, _) in &mut self.servers {
-            // SAFETY: signalling our own child process.
-            unsafe {
-                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-            }
-            let _ = child.wait();
-        }
     }
 }

@@ -4,7 +4,9 @@
 //! ```text
 //!   weir bench run --job ... ─┐
 //!   weir bench SCENARIO ──────┼─> Target::Sim(model spec) ──> sim::Simulation
-//!                             └─> Target::Nbd(uri) ─────────> real::run (NBD client threads)
+//!                             ├─> Target::Nbd(uri) ─────────> real::run (NBD client threads)
+//!                             └─> Target::ServedPool ───────> served::run_pool (NBD + the
+//!                                                             pool's scrub via admin)
 //!                                        │
 //!                                  report: table, log2 histograms, JSON
 //! ```
@@ -18,6 +20,7 @@ pub mod png;
 pub mod real;
 pub mod report;
 pub mod scenarios;
+pub mod served;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +48,15 @@ pub enum Target {
         uri: String,
         device: Option<String>,
     },
+    /// A pool volume served by a `weir serve` of our own, whose device
+    /// queues run in `mode`; its scrub is the pool's own.
+    ServedPool {
+        uri: String,
+        data_dir: PathBuf,
+        pool: String,
+        mode: Mode,
+        device: String,
+    },
 }
 
 impl Target {
@@ -60,13 +72,16 @@ impl Target {
                 device: Some(device),
             } => format!("{uri} ({device})"),
             Target::Nbd { uri, device: None } => uri.clone(),
+            Target::ServedPool { device, mode, .. } => {
+                format!("{device}, served (sched {})", mode.name())
+            }
         }
     }
 
     pub fn mode(&self) -> &'static str {
         match self {
             Target::Sim(_) | Target::SimPool { .. } => "sim",
-            Target::Nbd { .. } => "real",
+            Target::Nbd { .. } | Target::ServedPool { .. } => "real",
         }
     }
 }
@@ -90,6 +105,13 @@ pub fn run_jobs(
                 .run()
         }
         Target::Nbd { uri, .. } => real::run(uri, jobs, duration, seed)?,
+        Target::ServedPool {
+            uri,
+            data_dir,
+            pool,
+            mode,
+            ..
+        } => served::run_pool(uri, data_dir, pool, *mode, jobs, duration, seed)?,
     };
     Ok(Run {
         label: label.into(),

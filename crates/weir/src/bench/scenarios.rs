@@ -66,7 +66,7 @@ pub trait Targets {
     fn target(&mut self, device: &str) -> anyhow::Result<Target>;
 
     /// A 2-way mirror of `device` with its queues in `mode`, where the
-    /// targets can build one (so far: the simulator).
+    /// targets can build one (the simulator, or a pool served by us).
     fn mirror(&mut self, _device: &str, _mode: Mode) -> anyhow::Result<Option<Target>> {
         Ok(None)
     }
@@ -285,20 +285,23 @@ pub fn scrub_vs_randread(
 fn mirror(targets: &mut dyn Targets, device: &str, mode: Mode) -> anyhow::Result<Target> {
     targets
         .mirror(device, mode)?
-        .context("the scheduler scenario runs in the simulator only so far (--sim): the device queue does not schedule in real time yet")
+        .context("the scheduler scenario needs mirrors: run it with --sim or --real (a --uri server is one device)")
 }
 
 /// The device queue's modes on mirrors of two devices: fifo, zfs and
 /// adaptive with a scrub beside random readers, and idle references,
-/// checked against issue 5's bar. Simulated only, so far.
+/// checked against issue 5's bar. In real time each mirror is a served
+/// pool, and the scrub is the pool's own.
 pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
     let scrub = scrub_job(2);
     let reader = "name=randread,rw=randread,bs=4k,qd=1";
     let light = "name=randread,rw=randread,bs=4k,qd=1,rate=20/s";
     let saturating = "name=randread,rw=randread,bs=4k,qd=32";
     let mut runs = Vec::new();
+    let mut targets_mode = "sim";
     let mut run = |label: &str, device: &str, mode: Mode, texts: &[&str]| -> anyhow::Result<Run> {
         let target = mirror(targets, device, mode)?;
+        targets_mode = target.mode();
         let run = run_jobs(label, &target, &jobs(texts), seconds, seed)?;
         runs.push(run.clone());
         Ok(run)
@@ -433,7 +436,7 @@ pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
         ));
     }
     Ok(Outcome {
-        report: report("scheduler", "sim", seconds, seed, runs),
+        report: report("scheduler", targets_mode, seconds, seed, runs),
         checks,
     })
 }

@@ -1,0 +1,373 @@
+//! Real-time targets: `weir serve` started by the bench itself, on Unix
+//! sockets in a temporary directory. A device runs as a raw export; a
+//! mirror runs as a pool of two device models with a filled volume, and its
+//! scrub is the pool's own, started and measured through the admin
+//! endpoint.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::nbd_client::{self, read_reply, request_header};
+use super::scenarios::Targets;
+use super::Target;
+use crate::admin::client::AdminClient;
+use crate::pool::geometry::CHUNK_BYTES;
+use crate::pool::scrub::{Checkpoint, ScrubState};
+use crate::sched::Mode;
+use crate::sim::StreamResult;
+
+/// The volume a served mirror exports, filled before the first run so the
+/// scrub has data to read (it skips chunks never written).
+const VOLUME_BYTES: u64 = 2 << 30;
+const FILL_BLOCK_BYTES: u32 = 1 << 20;
+const FILL_IN_FLIGHT: u64 = 8;
+const NBD_CMD_WRITE: u16 = 1;
+/// How often the scrub's progress is read while a run goes on.
+const SCRUB_POLL: Duration = Duration::from_millis(200);
+
+struct Server {
+    key: String,
+    child: Child,
+    uri: String,
+    data_dir: Option<PathBuf>,
+}
+
+/// `weir serve` started per device (or mirror), torn down on drop.
+pub struct ServedTargets {
+    dir: tempdir::Dir,
+    servers: Vec<Server>,
+}
+
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new() -> std::io::Result<Dir> {
+            let path = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&path)?;
+            Ok(Dir(path))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn weir() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("cannot find the weir binary")
+}
+
+/// Run `weir ARGS` to completion; its stderr is the error.
+fn weir_cli(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(weir()?)
+        .args(args)
+        .output()
+        .context("cannot run weir")?;
+    if !out.status.success() {
+        bail!(
+            "weir {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn wait_for_server(uri: &str, socket: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // A full handshake, so the server sees a client, not a probe.
+    while nbd_client::connect(uri).is_err() {
+        if Instant::now() > deadline {
+            bail!("weir serve did not come up on {}", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Write every byte of the export once, with data the scrub must check.
+fn fill(uri: &str) -> anyhow::Result<()> {
+    let mut connection = nbd_client::connect(uri)?;
+    let size = connection.size_bytes;
+    let block = u64::from(FILL_BLOCK_BYTES);
+    let blocks = size / block;
+    let data: Vec<u8> = (0..FILL_BLOCK_BYTES).map(|i| (i % 251) as u8 | 1).collect();
+    let socket = &mut connection.socket;
+    let mut sent = 0u64;
+    let mut done = 0u64;
+    while done < blocks {
+        while sent < blocks && sent - done < FILL_IN_FLIGHT {
+            socket.write_all(&request_header(
+                NBD_CMD_WRITE,
+                sent,
+                sent * block,
+                FILL_BLOCK_BYTES,
+            ))?;
+            socket.write_all(&data)?;
+            sent += 1;
+        }
+        let (error, handle) = read_reply(socket)?;
+        if error != 0 {
+            bail!("filling the volume: write {handle} failed with NBD error {error}");
+        }
+        done += 1;
+    }
+    Ok(())
+}
+
+impl ServedTargets {
+    pub fn new() -> anyhow::Result<ServedTargets> {
+        Ok(ServedTargets {
+            dir: tempdir::Dir::new().context("cannot create a socket directory")?,
+            servers: Vec::new(),
+        })
+    }
+
+    fn serve(
+        &mut self,
+        key: &str,
+        args: &[String],
+        data_dir: Option<PathBuf>,
+    ) -> anyhow::Result<&Server> {
+        let socket = self.dir.path().join(format!("{}.sock", self.servers.len()));
+        let child = Command::new(weir()?)
+            .args([
+                "serve",
+                "--listen",
+                "none",
+                "--log-level",
+                "warn",
+                "--socket",
+            ])
+            .arg(&socket)
+            .args(args)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("cannot start weir serve")?;
+        let export = if data_dir.is_some() {
+            "bench/vol"
+        } else {
+            "bench"
+        };
+        let uri = format!("nbd+unix:///{export}?socket={}", socket.display());
+        self.servers.push(Server {
+            key: key.into(),
+            child,
+            uri: uri.clone(),
+            data_dir,
+        });
+        wait_for_server(&uri, &socket)?;
+        Ok(self.servers.last().expect("just pushed"))
+    }
+
+    /// A pool `bench` of two `device` models stored in sparse files, with
+    /// a volume `bench/vol` written full, served with a private admin port.
+    fn serve_mirror(&mut self, device: &str) -> anyhow::Result<&Server> {
+        let key = format!("mirror {device}");
+        let index = self.servers.len();
+        let data_dir = self.dir.path().join(format!("pool{index}"));
+        std::fs::create_dir_all(&data_dir)?;
+        let data = data_dir.to_str().context("temporary path is not UTF-8")?;
+        let mut members = Vec::new();
+        for copy in ["a", "b"] {
+            let path = data_dir.join(format!("{copy}.img"));
+            let size = crate::device::model::ModelSpec::parse(
+                device.strip_prefix("model:").unwrap_or(device),
+            )
+            .map_err(anyhow::Error::msg)?
+            .size_bytes;
+            std::fs::File::create(&path)?.set_len(size)?;
+            members.push(format!("{device},store=file:{}", path.display()));
+        }
+        let mut create = vec!["pool", "create", "bench", "mirror"];
+        create.extend(members.iter().map(String::as_str));
+        create.extend(["--data-dir", data]);
+        weir_cli(&create)?;
+        let size = VOLUME_BYTES.to_string();
+        weir_cli(&[
+            "volume",
+            "create",
+            "bench/vol",
+            "--size",
+            &size,
+            "--data-dir",
+            data,
+        ])?;
+        let args: Vec<String> = ["--data-dir", data, "--admin", "127.0.0.1:0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        self.serve(&key, &args, Some(data_dir.clone()))?;
+        let uri = self.servers.last().expect("just served").uri.clone();
+        eprintln!("filling {} of {key} for its scrub ...", VOLUME_BYTES >> 20);
+        fill(&uri)?;
+        Ok(self.servers.last().expect("just served"))
+    }
+}
+
+impl Targets for ServedTargets {
+    fn target(&mut self, device: &str) -> anyhow::Result<Target> {
+        let server = match self.servers.iter().position(|s| s.key == device) {
+            Some(i) => &self.servers[i],
+            None => self.serve(
+                device,
+                &["--export".into(), format!("bench={device}")],
+                None,
+            )?,
+        };
+        Ok(Target::Nbd {
+            uri: server.uri.clone(),
+            device: Some(device.into()),
+        })
+    }
+
+    fn mirror(&mut self, device: &str, mode: Mode) -> anyhow::Result<Option<Target>> {
+        let key = format!("mirror {device}");
+        let server = match self.servers.iter().position(|s| s.key == key) {
+            Some(i) => &self.servers[i],
+            None => self.serve_mirror(device)?,
+        };
+        Ok(Some(Target::ServedPool {
+            uri: server.uri.clone(),
+            data_dir: server.data_dir.clone().expect("a mirror has a data dir"),
+            pool: "bench".into(),
+            mode,
+            device: key,
+        }))
+    }
+}
+
+impl Drop for ServedTargets {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            // SAFETY: signalling our own child process.
+            unsafe {
+                libc::kill(server.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let _ = server.child.wait();
+        }
+    }
+}
+
+/// The pool's scrub, kept running for a run (started again whenever it
+/// finishes) and measured by the bytes its progress reports.
+pub struct ScrubMeter {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
+}
+
+fn scrub_call(
+    client: &AdminClient,
+    pool: &str,
+    path: &str,
+    method: &str,
+) -> anyhow::Result<Checkpoint> {
+    let body = client.call(method, path, &[("pool", pool)])?;
+    let checkpoint: Option<Checkpoint> =
+        serde_json::from_str(&body).context("malformed scrub progress from the server")?;
+    checkpoint.context("the server reports no scrub")
+}
+
+impl ScrubMeter {
+    /// Start the scrub of `pool`; count from now.
+    pub fn start(data_dir: &Path, pool: &str) -> anyhow::Result<ScrubMeter> {
+        let client = AdminClient::for_data_dir(data_dir)?;
+        let mut last = scrub_call(&client, pool, "/v1/scrub/start", "POST")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let pool = pool.to_string();
+        let thread = std::thread::spawn(move || -> anyhow::Result<u64> {
+            let mut bytes = 0u64;
+            let mut base = last.bytes_read;
+            loop {
+                let stopping = flag.load(Ordering::Relaxed);
+                let now = scrub_call(&client, &pool, "/v1/scrub", "GET")?;
+                bytes += now.bytes_read.saturating_sub(base);
+                base = now.bytes_read;
+                if stopping {
+                    scrub_call(&client, &pool, "/v1/scrub/stop", "POST").ok();
+                    return Ok(bytes);
+                }
+                if now.state == ScrubState::Finished {
+                    last = scrub_call(&client, &pool, "/v1/scrub/start", "POST")?;
+                    base = last.bytes_read;
+                }
+                std::thread::sleep(SCRUB_POLL);
+            }
+        });
+        Ok(ScrubMeter { stop, thread })
+    }
+
+    /// Stop the scrub: the bytes it read (every copy) since the start.
+    pub fn finish(self) -> anyhow::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the scrub meter panicked"))?
+    }
+}
+
+/// Run `jobs` against a served pool in `mode`. A job named `scrub` is the
+/// pool's own scrub rather than NBD reads: it runs for the whole run and is
+/// reported by the bytes it read (its latency is not seen from here).
+pub fn run_pool(
+    uri: &str,
+    data_dir: &Path,
+    pool: &str,
+    mode: Mode,
+    jobs: &[super::job::JobSpec],
+    duration: u64,
+    seed: u64,
+) -> anyhow::Result<Vec<StreamResult>> {
+    let client = AdminClient::for_data_dir(data_dir)?;
+    client.call(
+        "POST",
+        "/v1/sched",
+        &[("pool", pool), ("mode", mode.name())],
+    )?;
+    let (scrub, clients): (Vec<_>, Vec<_>) = jobs.iter().cloned().partition(|j| j.name == "scrub");
+    let meter = match scrub.first() {
+        Some(_) => Some(ScrubMeter::start(data_dir, pool)?),
+        None => None,
+    };
+    let started = Instant::now();
+    let mut results = if clients.is_empty() {
+        std::thread::sleep(Duration::from_nanos(duration));
+        Vec::new()
+    } else {
+        super::real::run(uri, &clients, duration, seed)?
+    };
+    let active_ns = started.elapsed().as_nanos() as u64;
+    if let (Some(meter), Some(job)) = (meter, scrub.into_iter().next()) {
+        let bytes = meter.finish()?;
+        results.push(StreamResult {
+            job,
+            // Device reads of one chunk copy each (chunks never written
+            // are passed over without I/O, so they do not count).
+            ops: bytes / CHUNK_BYTES,
+            bytes,
+            errors: 0,
+            active_ns,
+            latency: Default::default(),
+        });
+    }
+    // Report streams in job order.
+    let order = |name: &str| jobs.iter().position(|j| j.name == name);
+    results.sort_by_key(|r| order(&r.job.name));
+    Ok(results)
+}
