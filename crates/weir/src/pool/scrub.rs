@@ -1,5 +1,5 @@
 //! Scrub: read every allocated block of every copy, chunk by chunk in LBA
-//! order (a few chunks at once), verify it, and rewrite bad copies from good ones, on a thread of
+//! order (four chunks in flight), verify it, and rewrite bad copies from good ones, on a thread of
 //! its own while the pool serves. It can be paused, resumed and stopped;
 //! its position is checkpointed in `DATA_DIR/scrub-POOL.json`, so a scrub
 //! cut short by a restart resumes where it was.
@@ -10,6 +10,7 @@
 //!               └──────stop────────┴──> stopped     (shutdown: saved as running)
 //! ```
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -23,8 +24,8 @@ use super::mirror::PoolData;
 
 /// Checkpoint after this many chunks (and at every change of state).
 const CHECKPOINT_EVERY_CHUNKS: u64 = 64;
-/// Chunks scrubbed at once, each on a thread of its own: four 1 MiB reads
-/// in flight per device (OpenZFS keeps 4 MiB of scrub I/O per leaf by
+/// Chunks scrubbed at once, by as many worker threads, each taking the
+/// next chunk as it finishes one: four 1 MiB reads in flight per device (OpenZFS keeps 4 MiB of scrub I/O per leaf by
 /// default). With one, a flash device idles between reads, and the device
 /// queue has nothing to schedule.
 const CHUNKS_IN_FLIGHT: u64 = 4;
@@ -242,7 +243,6 @@ impl Scrub {
 }
 
 fn run(pool: Weak<PoolData>, shared: &Shared) {
-    let mut since_save = 0u64;
     loop {
         let (group, chunk) = {
             let mut control = shared.control.lock();
@@ -294,47 +294,75 @@ fn run(pool: Weak<PoolData>, shared: &Shared) {
             );
             return;
         }
-        let started = Instant::now();
-        let chunks_per_group = pool.chunks_per_group();
-        // A batch of chunks in a row, all in this group; the checkpoint
-        // moves past the batch once all of it is done.
-        let batch = CHUNKS_IN_FLIGHT.min(chunks_per_group - chunk);
-        let results: Vec<_> = std::thread::scope(|scope| {
-            let pool = &pool;
-            let handles: Vec<_> = (chunk..chunk + batch)
-                .map(|c| scope.spawn(move || (c, pool.scrub_chunk(group, c))))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a scrub chunk does not panic"))
-                .collect()
-        });
-        drop(pool);
+        scrub_window(&pool, shared, (group, chunk));
+    }
+}
+
+/// The chunks handed out to workers and not yet done, and the next one.
+struct Window {
+    next: (usize, u64),
+    in_progress: BTreeSet<(usize, u64)>,
+    since_save: u64,
+}
+
+/// Scrub from `from` with `CHUNKS_IN_FLIGHT` workers, each taking the next
+/// chunk as it finishes one, until the end or a command other than run.
+/// The checkpoint's position is the lowest chunk not yet done, so a
+/// restart redoes at most the chunks that were in flight.
+fn scrub_window(pool: &PoolData, shared: &Shared, from: (usize, u64)) {
+    let groups = pool.groups();
+    let chunks_per_group = pool.chunks_per_group();
+    let window = Mutex::new(Window {
+        next: from,
+        in_progress: BTreeSet::new(),
+        since_save: 0,
+    });
+    let started = Instant::now();
+    let seconds_before = shared.control.lock().checkpoint.seconds;
+    let worker = || loop {
+        if shared.control.lock().command != Command::Run || pool.is_closing() {
+            return;
+        }
+        let (group, chunk) = {
+            let mut w = window.lock();
+            if w.next.0 >= groups {
+                return;
+            }
+            let taken = w.next;
+            w.next.1 += 1;
+            if w.next.1 >= chunks_per_group {
+                w.next = (w.next.0 + 1, 0);
+            }
+            w.in_progress.insert(taken);
+            taken
+        };
+        let result = pool.scrub_chunk(group, chunk);
         let mut control = shared.control.lock();
         let c = &mut control.checkpoint;
-        for (chunk, result) in results {
-            match result {
-                Ok(result) => {
-                    c.bytes_read += result.bytes_read;
-                    c.repaired += result.repaired;
-                    c.unrecoverable += result.unrecoverable;
-                }
-                Err(err) => {
-                    tracing::error!(pool = shared.pool, group, chunk, error = %err, "scrub: chunk failed")
-                }
+        match result {
+            Ok(result) => {
+                c.bytes_read += result.bytes_read;
+                c.repaired += result.repaired;
+                c.unrecoverable += result.unrecoverable;
+            }
+            Err(err) => {
+                tracing::error!(pool = shared.pool, group, chunk, error = %err, "scrub: chunk failed")
             }
         }
-        c.seconds += started.elapsed().as_secs_f64();
-        c.chunks_done += batch;
-        c.chunk += batch;
-        if c.chunk >= chunks_per_group {
-            c.group += 1;
-            c.chunk = 0;
-        }
-        since_save += batch;
-        if since_save >= CHECKPOINT_EVERY_CHUNKS {
-            since_save = 0;
+        let mut w = window.lock();
+        w.in_progress.remove(&(group, chunk));
+        (c.group, c.chunk) = w.in_progress.first().copied().unwrap_or(w.next);
+        c.chunks_done += 1;
+        c.seconds = seconds_before + started.elapsed().as_secs_f64();
+        w.since_save += 1;
+        if w.since_save >= CHECKPOINT_EVERY_CHUNKS {
+            w.since_save = 0;
             shared.save(c);
         }
-    }
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..CHUNKS_IN_FLIGHT {
+            scope.spawn(worker);
+        }
+    });
 }
