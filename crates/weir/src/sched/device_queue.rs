@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::{IoClass, IoQueue, Mode, QueuedIo};
-use crate::device::{Completion, Device, DeviceOp};
+use crate::device::buf::AlignedBuf;
+use crate::device::{Completion, Device, DeviceOp, Outcome};
 
 /// Log2 latency buckets: bucket i holds [2^i, 2^(i+1)) microseconds.
 pub const LATENCY_BUCKETS: usize = 32;
@@ -58,6 +59,26 @@ struct Held {
     done: Completion,
     class: IoClass,
     submitted: Instant,
+    /// Sent in pieces (the adaptive mode splits large background I/O).
+    pieces: Option<Pieces>,
+}
+
+/// What the pieces of one I/O found so far.
+struct Pieces {
+    error: Option<std::io::Error>,
+    all_holes: bool,
+}
+
+/// What the mode released: a whole I/O, or a piece of a held one, which
+/// goes to the device with a buffer of its own.
+enum Ready {
+    Whole(u64, Held),
+    Piece {
+        id: u64,
+        owner: u64,
+        offset: u64,
+        op: DeviceOp,
+    },
 }
 
 struct Scheduled {
@@ -110,9 +131,10 @@ impl DeviceQueue {
             device,
             counters: Default::default(),
             mode: AtomicU8::new(mode_to(mode)),
-            // Merging needs split buffers: not in real time yet.
+            // Pieces get buffers of their own; merging would need one
+            // completion per merged I/O from one device operation: not yet.
             scheduled: Mutex::new(Scheduled {
-                queue: IoQueue::new(mode, rotational).without_merging(),
+                queue: IoQueue::new(mode, rotational).splitting_only(),
                 held: HashMap::new(),
                 next_id: 1,
             }),
@@ -185,6 +207,7 @@ impl DeviceQueue {
                     done,
                     class,
                     submitted,
+                    pieces: None,
                 },
             );
             let now = shared.now();
@@ -235,42 +258,158 @@ fn finish(shared: &Shared, class: IoClass, submitted: Instant, failed: bool) {
 }
 
 /// Everything the mode lets go now.
-fn take_ready(s: &mut Scheduled, now: u64) -> Vec<(u64, Held)> {
+fn take_ready(s: &mut Scheduled, now: u64) -> Vec<Ready> {
     let mut ready = Vec::new();
     while let Some(dispatch) = s.queue.next_to_issue(now) {
-        for io in dispatch.ios {
-            let held = s.held.remove(&io.id).expect("held I/Os are in the queue");
-            ready.push((io.id, held));
-        }
+        let Some(owner) = dispatch.piece_of else {
+            for io in dispatch.ios {
+                let held = s.held.remove(&io.id).expect("held I/Os are in the queue");
+                ready.push(Ready::Whole(io.id, held));
+            }
+            continue;
+        };
+        let held = s.held.get_mut(&owner).expect("a piece's I/O is held");
+        held.pieces.get_or_insert(Pieces {
+            error: None,
+            all_holes: true,
+        });
+        ready.push(Ready::Piece {
+            id: dispatch.id,
+            owner,
+            offset: dispatch.offset,
+            op: piece_op(&held.op, dispatch.offset, dispatch.length),
+        });
     }
     ready
 }
 
+/// The device operation for `length` bytes at `offset` of `op`.
+fn piece_op(op: &DeviceOp, offset: u64, length: u64) -> DeviceOp {
+    match op {
+        DeviceOp::Read { .. } => DeviceOp::Read {
+            offset,
+            buf: AlignedBuf::new(length as usize),
+        },
+        DeviceOp::Write {
+            offset: start,
+            buf,
+            durable,
+        } => {
+            let at = (offset - start) as usize;
+            let mut piece = AlignedBuf::new(length as usize);
+            piece
+                .as_mut_slice()
+                .copy_from_slice(&buf.as_slice()[at..at + length as usize]);
+            DeviceOp::Write {
+                offset,
+                buf: piece,
+                durable: *durable,
+            }
+        }
+        _ => unreachable!("only reads and writes are queued"),
+    }
+}
+
+/// Fold a piece's outcome into its I/O: a read's bytes go to their place.
+fn absorb_piece(held: &mut Held, offset: u64, outcome: Outcome) {
+    let pieces = held.pieces.as_mut().expect("a piece's I/O has pieces");
+    match outcome.result {
+        Err(err) => {
+            pieces.error.get_or_insert(err);
+        }
+        Ok(()) => {
+            if let DeviceOp::Read { offset: start, buf } = &mut held.op {
+                let at = (offset - *start) as usize;
+                let piece = outcome.buf.expect("reads return their buffer");
+                let target = &mut buf.as_mut_slice()[at..at + piece.len()];
+                if outcome.hole {
+                    target.fill(0);
+                } else {
+                    target.copy_from_slice(piece.as_slice());
+                }
+            }
+            pieces.all_holes &= outcome.hole;
+        }
+    }
+}
+
+/// A held I/O sent in pieces is done: answer it as one.
+fn finish_pieces(shared: &Shared, held: Held) {
+    let Held {
+        op,
+        done,
+        class,
+        submitted,
+        pieces,
+    } = held;
+    let pieces = pieces.expect("a piece's I/O has pieces");
+    let (buf, read) = match op {
+        DeviceOp::Read { buf, .. } => (Some(buf), true),
+        DeviceOp::Write { buf, .. } => (Some(buf), false),
+        _ => (None, false),
+    };
+    let result = pieces.error.map_or(Ok(()), Err);
+    finish(shared, class, submitted, result.is_err());
+    done(Outcome {
+        hole: read && result.is_ok() && pieces.all_holes,
+        result,
+        buf,
+    })
+}
+
 /// Send released I/Os to the device (never under the queue's lock: a
 /// device may complete inline).
-fn issue(shared: &Arc<Shared>, ready: Vec<(u64, Held)>) {
-    for (id, held) in ready {
-        let Held {
-            op,
-            done,
-            class,
-            submitted,
-        } = held;
+fn issue(shared: &Arc<Shared>, ready: Vec<Ready>) {
+    for item in ready {
         let shared_done = Arc::clone(shared);
-        shared.device.submit(
-            op,
-            Box::new(move |outcome| {
-                finish(&shared_done, class, submitted, outcome.result.is_err());
-                let more = {
-                    let mut s = shared_done.scheduled.lock();
-                    let now = shared_done.now();
-                    s.queue.complete(id, now);
-                    take_ready(&mut s, now)
-                };
-                issue(&shared_done, more);
-                done(outcome)
-            }),
-        );
+        match item {
+            Ready::Whole(id, held) => {
+                let Held {
+                    op,
+                    done,
+                    class,
+                    submitted,
+                    ..
+                } = held;
+                shared.device.submit(
+                    op,
+                    Box::new(move |outcome| {
+                        finish(&shared_done, class, submitted, outcome.result.is_err());
+                        let more = {
+                            let mut s = shared_done.scheduled.lock();
+                            let now = shared_done.now();
+                            s.queue.complete(id, now);
+                            take_ready(&mut s, now)
+                        };
+                        issue(&shared_done, more);
+                        done(outcome)
+                    }),
+                );
+            }
+            Ready::Piece {
+                id,
+                owner,
+                offset,
+                op,
+            } => shared.device.submit(
+                op,
+                Box::new(move |outcome| {
+                    let (more, finished) = {
+                        let mut s = shared_done.scheduled.lock();
+                        let now = shared_done.now();
+                        let held = s.held.get_mut(&owner).expect("a piece's I/O is held");
+                        absorb_piece(held, offset, outcome);
+                        let last = !s.queue.complete(id, now).is_empty();
+                        let finished = if last { s.held.remove(&owner) } else { None };
+                        (take_ready(&mut s, now), finished)
+                    };
+                    issue(&shared_done, more);
+                    if let Some(held) = finished {
+                        finish_pieces(&shared_done, held);
+                    }
+                }),
+            ),
+        }
     }
 }
 

@@ -75,7 +75,11 @@ pub struct Dispatch {
     pub offset: u64,
     pub length: u64,
     pub write: bool,
+    /// The I/Os it completes: one, several merged, or none for a piece
+    /// that is not its I/O's last.
     pub ios: Vec<QueuedIo>,
+    /// A piece of this I/O (id), sent in pieces.
+    pub piece_of: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -215,6 +219,13 @@ impl IoQueue {
         self
     }
 
+    /// Split, but never merge: a driver that can give each piece a buffer
+    /// of its own, but keeps one completion per submitted I/O.
+    pub fn splitting_only(mut self) -> IoQueue {
+        self.merge_limit = 0;
+        self
+    }
+
     /// Change mode at run time; waiting I/Os move to the new structure.
     pub fn set_mode(&mut self, mode: Mode, now: Nanos) {
         if mode == self.mode {
@@ -253,13 +264,20 @@ impl IoQueue {
         let dispatch = match self.mode {
             Mode::Fifo => {
                 let w = self.fifo.pop_front()?;
-                Dispatch {
-                    id: w.io.id,
-                    class: w.io.class,
-                    offset: w.io.offset,
-                    length: w.io.length,
-                    write: w.io.write,
-                    ios: vec![w.io],
+                if self.splits.contains_key(&w.io.id) {
+                    // The rest of an I/O split before a switch to fifo:
+                    // it goes whole, as its last piece.
+                    self.take_piece(w.io, w.since, None)
+                } else {
+                    Dispatch {
+                        id: w.io.id,
+                        class: w.io.class,
+                        offset: w.io.offset,
+                        length: w.io.length,
+                        write: w.io.write,
+                        ios: vec![w.io],
+                        piece_of: None,
+                    }
                 }
             }
             Mode::Zfs | Mode::Adaptive => {
@@ -418,6 +436,7 @@ impl IoQueue {
             length: end - first.offset,
             write: first.write,
             ios,
+            piece_of: None,
         }
     }
 
@@ -436,6 +455,7 @@ impl IoQueue {
                 length: io.length,
                 write: io.write,
                 ios: vec![io],
+                piece_of: None,
             };
         }
         let split = self.splits.entry(io.id).or_insert(Split {
@@ -472,6 +492,7 @@ impl IoQueue {
             length,
             write: io.write,
             ios: Vec::new(),
+            piece_of: Some(io.id),
         }
     }
 }

@@ -180,3 +180,37 @@ fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_the
     assert_eq!(queue.active_total(), 0);
     assert_eq!(queue.waiting_total(), 0);
 }
+
+#[test]
+fn a_split_io_whose_rest_waits_when_the_mode_turns_fifo_still_completes_once() {
+    let mut queue = IoQueue::new(Mode::Adaptive, false);
+    let mut now = 0;
+    // Measure as above, so that a 1 MiB scrub read goes in pieces.
+    for id in 0..10 {
+        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
+        let d = queue.next_to_issue(now).unwrap();
+        now += 100_000;
+        queue.complete(d.id, now);
+    }
+    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
+    let d = queue.next_to_issue(now).unwrap();
+    now += 2_000_000;
+    queue.complete(d.id, now);
+    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    let first = queue.next_to_issue(now).expect("a first piece");
+    assert_eq!(first.piece_of, Some(101));
+    assert!(first.length < 1 << 20);
+    // The rest waits; the mode changes under it.
+    queue.set_mode(Mode::Fifo, now);
+    let rest = queue.next_to_issue(now).expect("the rest goes at once");
+    assert_eq!(rest.piece_of, Some(101), "as the I/O's last piece");
+    assert_eq!(rest.offset, (1 << 20) + first.length);
+    assert_eq!(rest.offset + rest.length, 2 << 20, "all of the rest");
+    assert!(queue.next_to_issue(now).is_none());
+    assert!(queue.complete(rest.id, now + 1).is_empty(), "a piece is still out");
+    let done = queue.complete(first.id, now + 2);
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].id, done[0].length), (101, 1 << 20));
+    assert_eq!(queue.active_total(), 0);
+    assert_eq!(queue.waiting_total(), 0);
+}
