@@ -1,6 +1,7 @@
 //! Scrub: read every allocated block of every copy, chunk by chunk in LBA
-//! order (four chunks in flight), verify it, and rewrite bad copies from good ones, on a thread of
-//! its own while the pool serves. It can be paused, resumed and stopped;
+//! order (four chunks in flight), verify it, and rewrite bad copies from
+//! good ones, on threads of its own while the pool serves. It can be
+//! paused, resumed and stopped;
 //! its position is checkpointed in `DATA_DIR/scrub-POOL.json`, so a scrub
 //! cut short by a restart resumes where it was.
 //!

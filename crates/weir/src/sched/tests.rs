@@ -207,7 +207,10 @@ fn a_split_io_whose_rest_waits_when_the_mode_turns_fifo_still_completes_once() {
     assert_eq!(rest.offset, (1 << 20) + first.length);
     assert_eq!(rest.offset + rest.length, 2 << 20, "all of the rest");
     assert!(queue.next_to_issue(now).is_none());
-    assert!(queue.complete(rest.id, now + 1).is_empty(), "a piece is still out");
+    assert!(
+        queue.complete(rest.id, now + 1).is_empty(),
+        "a piece is still out"
+    );
     let done = queue.complete(first.id, now + 2);
     assert_eq!(done.len(), 1);
     assert_eq!((done[0].id, done[0].length), (101, 1 << 20));

@@ -30,8 +30,62 @@ impl PoolData {
     /// verify it, and rewrite bad copies from a good one. Chunks that hold
     /// no data cost no I/O.
     pub fn scrub_chunk(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        let lock = &self.locks[self.stripe_of(group_index, chunk)];
+        {
+            // Nearly every chunk is clean: read and verify it beside client
+            // reads of the same chunk, which would otherwise wait for the
+            // whole scrub of it (a scrub read in small pieces is slow).
+            let _shared = lock.read();
+            if let Some(clean) = self.scrub_chunk_if_clean(group_index, chunk) {
+                return Ok(clean);
+            }
+        }
+        // Something to narrow or repair: again, with writes held off.
+        let _guard = lock.write();
+        self.scrub_chunk_repairing(group_index, chunk)
+    }
+
+    /// The scrub of a chunk whose every copy reads and verifies; None if
+    /// one does not (nothing is counted or repaired here).
+    fn scrub_chunk_if_clean(&self, group_index: usize, chunk: u64) -> Option<ScrubResult> {
         let group = &self.groups[group_index];
-        let _guard = self.locks[self.stripe_of(group_index, chunk)].write();
+        let first = (chunk * BLOCKS_PER_CHUNK) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + BLOCKS_PER_CHUNK as usize].to_vec();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            return Some(ScrubResult::default());
+        }
+        let members = group.readable();
+        let ops = members
+            .iter()
+            .map(|(_, m)| {
+                let op = DeviceOp::Read {
+                    offset: m.regions.data.0 + chunk * CHUNK_BYTES,
+                    buf: AlignedBuf::new(CHUNK_BYTES as usize),
+                };
+                (Arc::clone(m), IoClass::Scrub, op)
+            })
+            .collect();
+        for outcome in run_all(ops) {
+            let buf = outcome.result.ok().and(outcome.buf)?;
+            let clean = sums.iter().enumerate().all(|(block, sum)| {
+                let at = block * DATA_BLOCK_BYTES as usize;
+                *sum == BlockSum::Zero
+                    || sum.verifies(&buf.as_slice()[at..at + DATA_BLOCK_BYTES as usize])
+            });
+            if !clean {
+                return None;
+            }
+        }
+        Some(ScrubResult {
+            bytes_read: members.len() as u64 * CHUNK_BYTES,
+            ..ScrubResult::default()
+        })
+    }
+
+    /// The scrub of one chunk, repairing; the caller holds its write lock.
+    fn scrub_chunk_repairing(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        let group = &self.groups[group_index];
         let first = (chunk * BLOCKS_PER_CHUNK) as usize;
         let sums: Vec<BlockSum> =
             group.state.lock().sums[first..first + BLOCKS_PER_CHUNK as usize].to_vec();
