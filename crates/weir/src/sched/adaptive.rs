@@ -184,6 +184,16 @@ impl Adaptive {
         }
     }
 
+    /// Whether the guaranteed share lets one more background I/O go. Until
+    /// a background service time is measured there is no window: then one
+    /// at a time, so that it gets measured without crowding the device.
+    fn share_due(&self, background_active: u32, now: Nanos) -> bool {
+        match self.share_window() {
+            Some(window) => now.saturating_sub(self.last_background) >= window,
+            None => background_active == 0,
+        }
+    }
+
     fn share_window(&self) -> Option<Nanos> {
         self.background_service()
             .map(|s| (s * SHARE_WINDOW_SERVICES) as Nanos)
@@ -202,9 +212,7 @@ impl Adaptive {
         let background_active = background_active(queued);
         // The guaranteed share: one more background I/O once per window,
         // even when interactive I/O keeps the device full.
-        let starved = self
-            .share_window()
-            .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
+        let starved = self.share_due(background_active, now);
         if starved && granted == 0 {
             background_active + 1
         } else {
@@ -228,10 +236,7 @@ impl Adaptive {
         }
         let interactive_active =
             queued[IoClass::SyncRead as usize].active + queued[IoClass::SyncWrite as usize].active;
-        let share_due = self.depth < 1.0
-            && self
-                .share_window()
-                .is_none_or(|w| now.saturating_sub(self.last_background) >= w);
+        let share_due = self.depth < 1.0 && self.share_due(background_active(queued), now);
         if interactive_active > 0 && self.background_since_interactive >= limit && !share_due {
             // Interactive I/O in the device must not see more background
             // overtake it than the depth allows.
