@@ -4,6 +4,7 @@
 //! (zfs.rs, adaptive.rs) lets it go to the device. docs/scheduler.md.
 
 mod adaptive;
+pub use adaptive::Ewma;
 mod device_queue;
 pub mod queue;
 mod zfs;

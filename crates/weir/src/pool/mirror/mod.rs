@@ -25,6 +25,7 @@ mod io_ops;
 mod metadata;
 mod read;
 mod repair;
+pub mod select;
 mod status;
 mod volume;
 mod write;

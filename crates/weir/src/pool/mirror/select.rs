@@ -1,0 +1,370 @@
+//! Which copy of a mirror serves a read, as a sans-IO state machine: the
+//! caller asks `choose` for each interactive or readahead read, tells
+//! `completed` when it is done, and marks copies unusable (faulted,
+//! resilvering, failing checksums) with `set_usable`. It never reads a
+//! clock; every call takes `now`. Scrub and resilver read the copies they
+//! need and do not come here.
+//!
+//! ```text
+//!  choose(read, now) ──> policy: pid | round-robin | least-pending | latency
+//!                         └─> a copy (its in-flight count goes up)
+//!  completed(choice, latency, now) ──> its service estimate (decaying)
+//! ```
+//!
+//! The `latency` policy predicts when each copy would finish the read (its
+//! reads in flight and its recent service time per read), keeps a
+//! sequential run on the copy it started on, and now and then probes a
+//! copy it has not heard from, so that a copy that got faster is noticed.
+
+use crate::device::model::{Nanos, NANOS_PER_MS};
+use crate::sched::Ewma;
+
+/// How a mirror picks the copy that serves a read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadPolicy {
+    /// By the requesting connection (btrfs's default): a baseline.
+    Pid,
+    /// In turn, each copy for a run of bytes (btrfs's newer policy): a baseline.
+    RoundRobin,
+    /// Fewest reads in flight, then nearest to the last read (md raid1): a baseline.
+    LeastPending,
+    /// weir's own: the copy predicted to answer first.
+    #[default]
+    Latency,
+}
+
+impl ReadPolicy {
+    pub const ALL: [ReadPolicy; 4] = [
+        ReadPolicy::Pid,
+        ReadPolicy::RoundRobin,
+        ReadPolicy::LeastPending,
+        ReadPolicy::Latency,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPolicy::Pid => "pid",
+            ReadPolicy::RoundRobin => "round-robin",
+            ReadPolicy::LeastPending => "least-pending",
+            ReadPolicy::Latency => "latency",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ReadPolicy> {
+        ReadPolicy::ALL.into_iter().find(|p| p.name() == text)
+    }
+}
+
+/// Bytes read from one copy before round-robin moves on (btrfs's minimum
+/// contiguous read, 256 KiB), so that a sequential stream stays whole.
+const ROUND_ROBIN_RUN_BYTES: u64 = 256 << 10;
+/// A copy the latency policy has not heard from for this long gets the
+/// next read it could take, to refresh its estimate.
+const PROBE_AFTER_NS: Nanos = 100 * NANOS_PER_MS;
+/// A sequential run moves to another copy only when its own copy is
+/// predicted to take this many times as long.
+const RUN_STICKINESS: f64 = 2.0;
+
+/// One read to place.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadRequest {
+    pub offset: u64,
+    pub length: u64,
+    /// Who asks (a connection id): the pid policy's key.
+    pub requester: u64,
+}
+
+/// Where a read went, to hand back to `completed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub copy: usize,
+    /// Reads in flight on the copy with this one: its latency over this is
+    /// the copy's service time per read.
+    in_flight: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+struct CopyState {
+    usable: bool,
+    in_flight: u32,
+    /// Where the last read chosen for it ended: a read starting here
+    /// continues a sequential run on this copy.
+    next_offset: u64,
+    /// Recent latency per read in flight (ns).
+    service: Ewma,
+    last_heard: Nanos,
+    reads: u64,
+}
+
+pub struct MirrorSelector {
+    policy: ReadPolicy,
+    copies: Vec<CopyState>,
+    round_robin_copy: usize,
+    round_robin_left: u64,
+}
+
+impl MirrorSelector {
+    pub fn new(policy: ReadPolicy, copies: usize) -> MirrorSelector {
+        MirrorSelector {
+            policy,
+            copies: (0..copies)
+                .map(|_| CopyState {
+                    usable: true,
+                    ..CopyState::default()
+                })
+                .collect(),
+            round_robin_copy: 0,
+            round_robin_left: ROUND_ROBIN_RUN_BYTES,
+        }
+    }
+
+    pub fn policy(&self) -> ReadPolicy {
+        self.policy
+    }
+
+    pub fn set_policy(&mut self, policy: ReadPolicy) {
+        self.policy = policy;
+    }
+
+    /// Faulted, resilvering and checksum-failing copies are not chosen.
+    pub fn set_usable(&mut self, copy: usize, usable: bool) {
+        self.copies[copy].usable = usable;
+    }
+
+    /// The copy for `read`, or None when no copy is usable.
+    pub fn choose(&mut self, read: ReadRequest, now: Nanos) -> Option<Choice> {
+        let usable: Vec<usize> = (0..self.copies.len())
+            .filter(|&c| self.copies[c].usable)
+            .collect();
+        if usable.is_empty() {
+            return None;
+        }
+        let copy = match self.policy {
+            ReadPolicy::Pid => usable[(read.requester % usable.len() as u64) as usize],
+            ReadPolicy::RoundRobin => self.round_robin(&usable, read.length),
+            ReadPolicy::LeastPending => *usable
+                .iter()
+                .min_by_key(|&&c| {
+                    let s = &self.copies[c];
+                    (s.in_flight, s.next_offset.abs_diff(read.offset))
+                })
+                .expect("not empty"),
+            ReadPolicy::Latency => self.fastest(&usable, read, now),
+        };
+        let state = &mut self.copies[copy];
+        state.in_flight += 1;
+        state.reads += 1;
+        state.next_offset = read.offset + read.length;
+        Some(Choice {
+            copy,
+            in_flight: state.in_flight,
+        })
+    }
+
+    fn round_robin(&mut self, usable: &[usize], length: u64) -> usize {
+        if self.round_robin_left == 0 || !usable.contains(&self.round_robin_copy) {
+            let next = usable
+                .iter()
+                .find(|&&c| c > self.round_robin_copy)
+                .unwrap_or(&usable[0]);
+            self.round_robin_copy = *next;
+            self.round_robin_left = ROUND_ROBIN_RUN_BYTES;
+        }
+        self.round_robin_left = self.round_robin_left.saturating_sub(length);
+        self.round_robin_copy
+    }
+
+    /// When `copy` would finish one more read: its reads in flight and this
+    /// one, each at its recent service time. A copy not measured yet is
+    /// predicted to be instant, so that it gets measured.
+    fn predicted_ns(&self, copy: usize) -> f64 {
+        let s = &self.copies[copy];
+        s.service.get().unwrap_or(0.0) * f64::from(s.in_flight + 1)
+    }
+
+    fn fastest(&self, usable: &[usize], read: ReadRequest, now: Nanos) -> usize {
+        // A probe: a copy not heard from lately, with nothing in flight.
+        if let Some(&stale) = usable
+            .iter()
+            .filter(|&&c| {
+                let s = &self.copies[c];
+                s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
+            })
+            .min_by_key(|&&c| self.copies[c].last_heard)
+        {
+            return stale;
+        }
+        let best = *usable
+            .iter()
+            .min_by(|&&a, &&b| self.predicted_ns(a).total_cmp(&self.predicted_ns(b)))
+            .expect("not empty");
+        // A sequential run stays on its copy (its read-ahead and merging
+        // keep working) unless that copy has fallen far behind.
+        if let Some(&run) = usable
+            .iter()
+            .find(|&&c| read.offset > 0 && self.copies[c].next_offset == read.offset)
+        {
+            if self.predicted_ns(run) <= RUN_STICKINESS * self.predicted_ns(best) {
+                return run;
+            }
+        }
+        best
+    }
+
+    /// `choice`'s read is done after `latency_ns`.
+    pub fn completed(&mut self, choice: Choice, latency_ns: Nanos, now: Nanos) {
+        let s = &mut self.copies[choice.copy];
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s.service
+            .record(latency_ns as f64 / f64::from(choice.in_flight.max(1)));
+        s.last_heard = now;
+    }
+
+    /// Each copy's share of the reads chosen so far.
+    pub fn read_shares(&self) -> Vec<f64> {
+        let total: u64 = self.copies.iter().map(|c| c.reads).sum();
+        self.copies
+            .iter()
+            .map(|c| c.reads as f64 / total.max(1) as f64)
+            .collect()
+    }
+
+    /// Each copy's current service estimate per read (ns), once measured.
+    pub fn service_estimates_ns(&self) -> Vec<Option<f64>> {
+        self.copies.iter().map(|c| c.service.get()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(offset: u64, length: u64) -> ReadRequest {
+        ReadRequest {
+            offset,
+            length,
+            requester: 0,
+        }
+    }
+
+    /// Drive `selector` with `reads` random 4 KiB reads, one at a time,
+    /// against copies that take `service_ns[copy]` each.
+    fn run_one_at_a_time(selector: &mut MirrorSelector, service_ns: &[Nanos], reads: u64) -> Nanos {
+        let mut now = 0;
+        for i in 0..reads {
+            let offset = (i * 7919 % 1000) << 20;
+            let choice = selector.choose(read(offset, 4096), now).expect("usable");
+            now += service_ns[choice.copy];
+            selector.completed(choice, service_ns[choice.copy], now);
+        }
+        now
+    }
+
+    #[test]
+    fn latency_sends_reads_to_the_faster_copy_and_probes_the_other() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        // Copy 0 takes 100 us a read, copy 1 ten times that.
+        let elapsed = run_one_at_a_time(&mut selector, &[100_000, 1_000_000], 10_000);
+        let shares = selector.read_shares();
+        assert!(shares[0] > 0.98, "{shares:?}");
+        // Probes: about one per 100 ms on the slow copy.
+        let probes = (shares[1] * 10_000.0).round() as u64;
+        let expected = elapsed / PROBE_AFTER_NS;
+        assert!(
+            probes >= expected / 2 && probes <= expected * 2 + 2,
+            "{probes} probes in {elapsed} ns"
+        );
+    }
+
+    #[test]
+    fn latency_notices_a_copy_that_got_faster() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        run_one_at_a_time(&mut selector, &[100_000, 1_000_000], 5_000);
+        // Now copy 1 is the fast one.
+        run_one_at_a_time(&mut selector, &[1_000_000, 100_000], 5_000);
+        let before = selector.read_shares();
+        run_one_at_a_time(&mut selector, &[1_000_000, 100_000], 5_000);
+        let after = selector.read_shares();
+        // Of the last 5000 reads, nearly all went to copy 1.
+        let last_to_1 = after[1] * 15_000.0 - before[1] * 10_000.0;
+        assert!(last_to_1 > 4_900.0, "{last_to_1}");
+    }
+
+    #[test]
+    fn latency_keeps_a_sequential_run_on_one_copy() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let mut now = 0;
+        // Measure both copies alike first.
+        run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
+        let mut copies = Vec::new();
+        for i in 1..=64u64 {
+            let choice = selector.choose(read(i << 20, 1 << 20), now).unwrap();
+            copies.push(choice.copy);
+            now += 100_000;
+            selector.completed(choice, 100_000, now);
+        }
+        assert!(copies.windows(2).all(|w| w[0] == w[1]), "{copies:?}");
+    }
+
+    #[test]
+    fn unusable_copies_are_never_chosen() {
+        for policy in ReadPolicy::ALL {
+            let mut selector = MirrorSelector::new(policy, 3);
+            selector.set_usable(1, false);
+            for i in 0..100 {
+                let request = ReadRequest {
+                    offset: i << 20,
+                    length: 4096,
+                    requester: i,
+                };
+                let choice = selector.choose(request, i * 1_000_000).unwrap();
+                assert_ne!(choice.copy, 1, "{policy:?}");
+                selector.completed(choice, 1_000, i * 1_000_000 + 1_000);
+            }
+            selector.set_usable(0, false);
+            selector.set_usable(2, false);
+            assert!(selector.choose(read(0, 4096), 0).is_none());
+        }
+    }
+
+    #[test]
+    fn the_baselines_do_what_their_names_say() {
+        let mut pid = MirrorSelector::new(ReadPolicy::Pid, 2);
+        for requester in 0..10 {
+            let request = ReadRequest {
+                offset: 0,
+                length: 4096,
+                requester,
+            };
+            assert_eq!(
+                pid.choose(request, 0).unwrap().copy,
+                (requester % 2) as usize
+            );
+        }
+        // Round-robin: 256 KiB on one copy, then the next.
+        let mut rr = MirrorSelector::new(ReadPolicy::RoundRobin, 2);
+        let copies: Vec<usize> = (0..16)
+            .map(|i| rr.choose(read(i * 65536, 65536), 0).unwrap().copy)
+            .collect();
+        assert_eq!(copies, [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+        // Least-pending: the copy with fewer reads in flight.
+        let mut lp = MirrorSelector::new(ReadPolicy::LeastPending, 2);
+        let first = lp.choose(read(0, 4096), 0).unwrap();
+        let second = lp.choose(read(1 << 30, 4096), 0).unwrap();
+        assert_ne!(first.copy, second.copy);
+        lp.completed(first, 1_000, 1_000);
+        assert_eq!(
+            lp.choose(read(5 << 30, 4096), 1_000).unwrap().copy,
+            first.copy
+        );
+    }
+
+    #[test]
+    fn policies_parse_by_name() {
+        for policy in ReadPolicy::ALL {
+            assert_eq!(ReadPolicy::parse(policy.name()), Some(policy));
+        }
+        assert_eq!(ReadPolicy::parse("fastest"), None);
+    }
+}
