@@ -10,6 +10,7 @@ use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
 use super::served::ServedTargets;
 use super::{emit, parse_jobs, run_jobs, Target};
 use crate::device::model::ModelSpec;
+use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 
 #[derive(Subcommand)]
@@ -49,6 +50,9 @@ pub struct RunArgs {
     /// For --sim: the device queues' mode [default: adaptive with --pool, fifo with --device].
     #[arg(long, value_enum, requires = "sim")]
     sched: Option<Mode>,
+    /// For --sim --pool: how the mirror picks the copy for a read [default: by 1 MiB chunk, as pools do so far].
+    #[arg(long, value_enum, requires = "pool")]
+    read_policy: Option<ReadPolicy>,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
     scrub: bool,
@@ -137,6 +141,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Target::SimPool {
                 devices,
                 mode: args.sched.unwrap_or_default(),
+                read_policy: args.read_policy,
             }
         }
         (true, Some(device), None) if args.sched.is_some() || args.scrub => {
@@ -149,6 +154,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Target::SimPool {
                 devices: vec![ModelSpec::parse(text).map_err(anyhow::Error::msg)?],
                 mode: args.sched.unwrap_or(Mode::Fifo),
+                read_policy: None,
             }
         }
         (true, Some(device), None) => {

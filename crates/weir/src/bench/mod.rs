@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 
 use crate::device::model::{ModelSpec, NANOS_PER_SEC};
+use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 use crate::sim::{Simulation, StreamResult};
 use job::JobSpec;
@@ -42,6 +43,8 @@ pub enum Target {
     SimPool {
         devices: Vec<ModelSpec>,
         mode: Mode,
+        /// How a mirror picks the copy for a read (None: by 1 MiB chunk).
+        read_policy: Option<ReadPolicy>,
     },
     /// An NBD URI; `device` says what is behind it, when we know.
     Nbd {
@@ -63,9 +66,14 @@ impl Target {
     pub fn describe(&self) -> String {
         match self {
             Target::Sim(spec) => spec.text.clone(),
-            Target::SimPool { devices, mode } => {
+            Target::SimPool {
+                devices,
+                mode,
+                read_policy,
+            } => {
                 let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
-                format!("mirror {} (sched {})", texts.join(" "), mode.name())
+                let reads = read_policy.map_or(String::new(), |p| format!(", reads {}", p.name()));
+                format!("mirror {} (sched {}{reads})", texts.join(" "), mode.name())
             }
             Target::Nbd {
                 uri,
@@ -95,14 +103,33 @@ pub fn run_jobs(
     seed: u64,
 ) -> anyhow::Result<Run> {
     let duration = (seconds * NANOS_PER_SEC as f64) as u64;
+    let mut device_read_share = None;
     let results: Vec<StreamResult> = match target {
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
             .run(),
-        Target::SimPool { devices, mode } => {
-            Simulation::new_pool(devices, *mode, jobs, duration, seed)
-                .map_err(anyhow::Error::msg)?
-                .run()
+        Target::SimPool {
+            devices,
+            mode,
+            read_policy,
+        } => {
+            let mut simulation = Simulation::new_pool(devices, *mode, jobs, duration, seed)
+                .map_err(anyhow::Error::msg)?;
+            if let Some(policy) = read_policy {
+                simulation = simulation.with_read_policy(*policy);
+            }
+            let (results, shares) = simulation.run_with_read_shares();
+            if devices.len() > 1 {
+                device_read_share = Some(
+                    devices
+                        .iter()
+                        .zip(shares)
+                        .enumerate()
+                        .map(|(i, (d, share))| (format!("{i}:{}", d.text), share))
+                        .collect(),
+                );
+            }
+            results
         }
         Target::Nbd { uri, .. } => real::run(uri, jobs, duration, seed)?,
         Target::ServedPool {
@@ -120,6 +147,7 @@ pub fn run_jobs(
             jobs: jobs.iter().map(|j| j.text.clone()).collect(),
         },
         streams: results.iter().map(Stream::from_result).collect(),
+        device_read_share,
     })
 }
 

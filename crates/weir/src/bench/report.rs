@@ -23,6 +23,10 @@ pub struct Run {
     pub label: String,
     pub config: RunConfig,
     pub streams: Vec<Stream>,
+    /// For a mirror: each device's share of the client reads, by
+    /// "INDEX:SPEC".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_read_share: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -111,6 +115,13 @@ pub fn render(report: &Report) -> String {
                 s.ops,
                 s.errors
             );
+        }
+        if let Some(shares) = &run.device_read_share {
+            let shares: Vec<String> = shares
+                .iter()
+                .map(|(device, share)| format!("{device} {:.1}%", share * 100.0))
+                .collect();
+            let _ = writeln!(out, "device read share: {}", shares.join(", "));
         }
         for s in &run.streams {
             let counts: Vec<String> = s.histogram_log2_us.iter().map(u64::to_string).collect();

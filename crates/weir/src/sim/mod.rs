@@ -21,6 +21,7 @@ use std::collections::{BinaryHeap, HashMap};
 use crate::bench::job::{Generator, JobSpec};
 use crate::bench::stats::LatencyStats;
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
+use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadRequest};
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
 
 /// Reads of a mirror go to copy (offset / this) % copies.
@@ -85,6 +86,13 @@ pub struct Simulation {
     next_id: u64,
     /// Scrub I/Os go round the copies.
     scrub_turn: usize,
+    /// With a read policy, the mirror's read selector; without, reads go
+    /// to a copy by 1 MiB chunk, as a pool does so far.
+    selector: Option<MirrorSelector>,
+    /// Device part -> the selector's choice and when it was issued.
+    choices: HashMap<u64, (Choice, Nanos)>,
+    /// Client reads (not scrub) sent to each device.
+    reads_per_device: Vec<u64>,
     duration: Nanos,
     now: Nanos,
 }
@@ -155,13 +163,28 @@ impl Simulation {
             thinking: BinaryHeap::new(),
             next_id: 1,
             scrub_turn: 0,
+            selector: None,
+            choices: HashMap::new(),
+            reads_per_device: vec![0; specs.len()],
             duration,
             now: 0,
         })
     }
 
+    /// Reads of a mirror go where `policy` chooses.
+    pub fn with_read_policy(mut self, policy: ReadPolicy) -> Simulation {
+        self.selector = Some(MirrorSelector::new(policy, self.devices.len()));
+        self
+    }
+
     /// Run to the end; the results are in job order.
-    pub fn run(mut self) -> Vec<StreamResult> {
+    pub fn run(self) -> Vec<StreamResult> {
+        self.run_with_read_shares().0
+    }
+
+    /// Run to the end: the results in job order, and each device's share
+    /// of the client reads.
+    pub fn run_with_read_shares(mut self) -> (Vec<StreamResult>, Vec<f64>) {
         let mut done = Vec::new();
         while let Some(now) = self.next_time().filter(|t| *t < self.duration) {
             self.now = now;
@@ -200,7 +223,16 @@ impl Simulation {
                 self.dispatch(index, now);
             }
         }
-        self.jobs.into_iter().map(|job| job.result).collect()
+        let reads: u64 = self.reads_per_device.iter().sum();
+        let shares = self
+            .reads_per_device
+            .iter()
+            .map(|r| *r as f64 / reads.max(1) as f64)
+            .collect();
+        (
+            self.jobs.into_iter().map(|job| job.result).collect(),
+            shares,
+        )
     }
 
     fn next_time(&self) -> Option<Nanos> {
@@ -285,20 +317,22 @@ impl Simulation {
         })
     }
 
-    /// Which copies an I/O goes to, and at which offset.
+    /// Which copies an I/O goes to, at which offset, and for a client read
+    /// of a mirror with a read policy, the selector's choice.
     fn targets(
         &mut self,
+        job: usize,
         class: IoClass,
         kind: IoKind,
         offset: u64,
         length: u64,
-    ) -> Vec<(usize, u64)> {
+    ) -> Vec<(usize, u64, Option<Choice>)> {
         let copies = self.devices.len();
         if copies == 1 {
-            return vec![(0, offset)];
+            return vec![(0, offset, None)];
         }
         if kind == IoKind::Write {
-            return (0..copies).map(|d| (d, offset)).collect();
+            return (0..copies).map(|d| (d, offset, None)).collect();
         }
         if matches!(class, IoClass::Scrub | IoClass::Resilver) {
             // A scrub reads every copy, each in LBA order.
@@ -310,12 +344,22 @@ impl Simulation {
             }
             let at = device.scrub_at;
             device.scrub_at += length;
-            return vec![(index, at)];
+            return vec![(index, at, None)];
         }
-        vec![(
-            ((offset / MIRROR_CHUNK_BYTES) % copies as u64) as usize,
+        let request = ReadRequest {
             offset,
-        )]
+            length,
+            requester: job as u64,
+        };
+        let now = self.now;
+        match self.selector.as_mut().and_then(|s| s.choose(request, now)) {
+            Some(choice) => vec![(choice.copy, offset, Some(choice))],
+            None => vec![(
+                ((offset / MIRROR_CHUNK_BYTES) % copies as u64) as usize,
+                offset,
+                None,
+            )],
+        }
     }
 
     fn issue(&mut self, index: usize, arrived: Nanos, now: Nanos) {
@@ -328,7 +372,7 @@ impl Simulation {
         job.in_flight += 1;
         let id = self.next_id;
         self.next_id += 1;
-        let targets = self.targets(class, kind, offset, length);
+        let targets = self.targets(index, class, kind, offset, length);
         self.pending.insert(
             id,
             Pending {
@@ -339,10 +383,18 @@ impl Simulation {
                 parts_left: targets.len() as u32,
             },
         );
-        for (device_index, at) in targets {
+        let client_read =
+            kind == IoKind::Read && !matches!(class, IoClass::Scrub | IoClass::Resilver);
+        for (device_index, at, choice) in targets {
             let part = self.next_id;
             self.next_id += 1;
             self.parts.insert(part, id);
+            if let Some(choice) = choice {
+                self.choices.insert(part, (choice, now));
+            }
+            if client_read {
+                self.reads_per_device[device_index] += 1;
+            }
             let device = &mut self.devices[device_index];
             let faults = &device.spec.faults;
             if kind == IoKind::Read && faults.read_fails(at, length) {
@@ -370,6 +422,10 @@ impl Simulation {
 
     /// One copy's I/O is done; the request completes with its last copy.
     fn part_done(&mut self, part: u64, at: Nanos) {
+        if let Some((choice, issued)) = self.choices.remove(&part) {
+            let selector = self.selector.as_mut().expect("a choice has its selector");
+            selector.completed(choice, at - issued, at);
+        }
         let id = self
             .parts
             .remove(&part)
