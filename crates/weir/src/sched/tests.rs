@@ -16,6 +16,26 @@ fn drain(queue: &mut IoQueue, now: u64) -> Vec<Dispatch> {
     std::iter::from_fn(|| queue.next_to_issue(now)).collect()
 }
 
+/// An adaptive queue on flash that has measured both kinds of I/O: a
+/// 4 KiB read takes 100 us alone, a 1 MiB scrub read 2 ms. Large scrub
+/// reads now go in pieces. Returns the queue and the time.
+fn flash_queue_with_measured_scrub() -> (IoQueue, u64) {
+    let mut queue = IoQueue::new(Mode::Adaptive, false);
+    let mut now = 0;
+    for id in 0..10 {
+        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
+        let d = queue.next_to_issue(now).unwrap();
+        now += 100_000;
+        queue.complete(d.id, now);
+    }
+    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
+    let d = queue.next_to_issue(now).unwrap();
+    assert_eq!(d.length, 1 << 20, "no per-byte cost measured yet: whole");
+    now += 2_000_000;
+    assert_eq!(queue.complete(d.id, now).len(), 1);
+    (queue, now)
+}
+
 #[test]
 fn fifo_sends_everything_at_once_in_order() {
     let mut queue = IoQueue::new(Mode::Fifo, true);
@@ -113,20 +133,7 @@ fn adaptive_cuts_background_when_interactive_latency_rises_and_keeps_a_share() {
 
 #[test]
 fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
-    let mut queue = IoQueue::new(Mode::Adaptive, false);
-    let mut now = 0;
-    // Flash-like: a 4 KiB read takes 100 us alone; a 1 MiB scrub read, 2 ms.
-    for id in 0..10 {
-        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
-        let d = queue.next_to_issue(now).unwrap();
-        now += 100_000;
-        queue.complete(d.id, now);
-    }
-    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
-    let d = queue.next_to_issue(now).unwrap();
-    assert_eq!(d.length, 1 << 20, "no per-byte cost measured yet: whole");
-    now += 2_000_000;
-    assert_eq!(queue.complete(d.id, now).len(), 1);
+    let (mut queue, mut now) = flash_queue_with_measured_scrub();
     // Now measured: 1 MiB in 2 ms is ~1.9 ns a byte; half the slack
     // (50 us) buys ~26 KiB pieces.
     queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
@@ -190,19 +197,7 @@ fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_the
 
 #[test]
 fn a_split_io_whose_rest_waits_when_the_mode_turns_fifo_still_completes_once() {
-    let mut queue = IoQueue::new(Mode::Adaptive, false);
-    let mut now = 0;
-    // Measure as above, so that a 1 MiB scrub read goes in pieces.
-    for id in 0..10 {
-        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
-        let d = queue.next_to_issue(now).unwrap();
-        now += 100_000;
-        queue.complete(d.id, now);
-    }
-    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
-    let d = queue.next_to_issue(now).unwrap();
-    now += 2_000_000;
-    queue.complete(d.id, now);
+    let (mut queue, now) = flash_queue_with_measured_scrub();
     queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
     let first = queue.next_to_issue(now).expect("a first piece");
     assert_eq!(first.piece_of, Some(101));

@@ -25,6 +25,23 @@ pub struct ScrubResult {
     pub unrecoverable: u64,
 }
 
+/// A scrub read of the whole of `chunk` on each of `members`.
+fn chunk_reads(
+    members: &[(usize, Arc<Attached>)],
+    chunk: u64,
+) -> Vec<(Arc<Attached>, IoClass, DeviceOp)> {
+    members
+        .iter()
+        .map(|(_, m)| {
+            let op = DeviceOp::Read {
+                offset: m.regions.data.0 + chunk * CHUNK_BYTES,
+                buf: AlignedBuf::new(CHUNK_BYTES as usize),
+            };
+            (Arc::clone(m), IoClass::Scrub, op)
+        })
+        .collect()
+}
+
 impl PoolData {
     /// Read every allocated block of every complete copy of one chunk,
     /// verify it, and rewrite bad copies from a good one. Chunks that hold
@@ -56,16 +73,7 @@ impl PoolData {
             return Some(ScrubResult::default());
         }
         let members = group.readable();
-        let ops = members
-            .iter()
-            .map(|(_, m)| {
-                let op = DeviceOp::Read {
-                    offset: m.regions.data.0 + chunk * CHUNK_BYTES,
-                    buf: AlignedBuf::new(CHUNK_BYTES as usize),
-                };
-                (Arc::clone(m), IoClass::Scrub, op)
-            })
-            .collect();
+        let ops = chunk_reads(&members, chunk);
         for outcome in run_all(ops) {
             let buf = outcome.result.ok().and(outcome.buf)?;
             let clean = sums.iter().enumerate().all(|(block, sum)| {
@@ -94,16 +102,7 @@ impl PoolData {
             return Ok(result);
         }
         let members = group.readable();
-        let ops = members
-            .iter()
-            .map(|(_, m)| {
-                let op = DeviceOp::Read {
-                    offset: m.regions.data.0 + chunk * CHUNK_BYTES,
-                    buf: AlignedBuf::new(CHUNK_BYTES as usize),
-                };
-                (Arc::clone(m), IoClass::Scrub, op)
-            })
-            .collect();
+        let ops = chunk_reads(&members, chunk);
         // Per copy: its bytes, and which blocks could be read. A failed
         // read is narrowed, so that only unreadable blocks count as bad.
         let copies: Vec<(Vec<u8>, Vec<bool>)> = run_all(ops)
