@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use weir_nbd::consts::CMD_WRITE;
 
 use super::nbd_client::{self, read_reply, request_header};
 use super::scenarios::Targets;
@@ -27,7 +28,6 @@ use crate::sim::StreamResult;
 const VOLUME_BYTES: u64 = 2 << 30;
 const FILL_BLOCK_BYTES: u32 = 1 << 20;
 const FILL_IN_FLIGHT: u64 = 8;
-const NBD_CMD_WRITE: u16 = 1;
 /// How often the scrub's progress is read while a run goes on.
 const SCRUB_POLL: Duration = Duration::from_millis(200);
 
@@ -113,7 +113,7 @@ fn fill(uri: &str) -> anyhow::Result<()> {
     while done < blocks {
         while sent < blocks && sent - done < FILL_IN_FLIGHT {
             socket.write_all(&request_header(
-                NBD_CMD_WRITE,
+                CMD_WRITE,
                 sent,
                 sent * block,
                 FILL_BLOCK_BYTES,
