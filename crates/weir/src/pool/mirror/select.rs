@@ -11,10 +11,13 @@
 //!  completed(choice, latency, now) ──> its service estimate (decaying)
 //! ```
 //!
-//! The `latency` policy predicts when each copy would finish the read (its
-//! reads in flight and its recent service time per read), keeps a
-//! sequential run on the copy it started on, and now and then probes a
-//! copy it has not heard from, so that a copy that got faster is noticed.
+//! The `latency` policy predicts when each copy would finish the read: its
+//! reads in flight, at its recent service time per read. Each copy keeps
+//! two service times, one for reads that continue the last read sent to it
+//! and one for the rest, so a sequential run stays where its next read is
+//! cheap (a rotating disk's head is there) and spreads where it is not
+//! (flash). Now and then it probes a copy it has not heard from, so that a
+//! copy that got faster is noticed.
 
 use crate::device::model::{Nanos, NANOS_PER_MS};
 use crate::sched::Ewma;
@@ -62,9 +65,6 @@ const ROUND_ROBIN_RUN_BYTES: u64 = 256 << 10;
 /// A copy the latency policy has not heard from for this long gets the
 /// next read it could take, to refresh its estimate.
 const PROBE_AFTER_NS: Nanos = 100 * NANOS_PER_MS;
-/// A sequential run moves to another copy only when its own copy is
-/// predicted to take this many times as long.
-const RUN_STICKINESS: f64 = 2.0;
 
 /// One read to place.
 #[derive(Clone, Copy, Debug)]
@@ -82,6 +82,8 @@ pub struct Choice {
     /// Reads in flight on the copy with this one: its latency over this is
     /// the copy's service time per read.
     in_flight: u32,
+    /// It continued the last read sent to the copy.
+    continues_run: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -91,7 +93,9 @@ struct CopyState {
     /// Where the last read chosen for it ended: a read starting here
     /// continues a sequential run on this copy.
     next_offset: u64,
-    /// Recent latency per read in flight (ns).
+    /// Recent latency per read in flight (ns), of reads that continued
+    /// the one before on this copy, and of the others.
+    service_run: Ewma,
     service: Ewma,
     last_heard: Nanos,
     reads: u64,
@@ -152,6 +156,7 @@ impl MirrorSelector {
                 .expect("not empty"),
             ReadPolicy::Latency => self.fastest(&usable, read, now),
         };
+        let continues_run = self.continues_run(copy, read);
         let state = &mut self.copies[copy];
         state.in_flight += 1;
         state.reads += 1;
@@ -159,6 +164,7 @@ impl MirrorSelector {
         Some(Choice {
             copy,
             in_flight: state.in_flight,
+            continues_run,
         })
     }
 
@@ -175,12 +181,23 @@ impl MirrorSelector {
         self.round_robin_copy
     }
 
-    /// When `copy` would finish one more read: its reads in flight and this
-    /// one, each at its recent service time. A copy not measured yet is
-    /// predicted to be instant, so that it gets measured.
-    fn predicted_ns(&self, copy: usize) -> f64 {
+    /// Whether `read` starts where the last read sent to `copy` ended.
+    fn continues_run(&self, copy: usize, read: ReadRequest) -> bool {
+        read.offset > 0 && self.copies[copy].next_offset == read.offset
+    }
+
+    /// When `copy` would finish `read`: its reads in flight and this one,
+    /// each at its recent service time for this kind of read. A copy not
+    /// measured yet is predicted to be instant, so that it gets measured.
+    fn predicted_ns(&self, copy: usize, read: ReadRequest) -> f64 {
         let s = &self.copies[copy];
-        s.service.get().unwrap_or(0.0) * f64::from(s.in_flight + 1)
+        let (own, other) = if self.continues_run(copy, read) {
+            (&s.service_run, &s.service)
+        } else {
+            (&s.service, &s.service_run)
+        };
+        let per_read = own.get().or(other.get()).unwrap_or(0.0);
+        per_read * f64::from(s.in_flight + 1)
     }
 
     fn fastest(&self, usable: &[usize], read: ReadRequest, now: Nanos) -> usize {
@@ -195,29 +212,30 @@ impl MirrorSelector {
         {
             return stale;
         }
-        let best = *usable
+        // The earliest finish; on a tie, the copy whose run it continues.
+        *usable
             .iter()
-            .min_by(|&&a, &&b| self.predicted_ns(a).total_cmp(&self.predicted_ns(b)))
-            .expect("not empty");
-        // A sequential run stays on its copy (its read-ahead and merging
-        // keep working) unless that copy has fallen far behind.
-        if let Some(&run) = usable
-            .iter()
-            .find(|&&c| read.offset > 0 && self.copies[c].next_offset == read.offset)
-        {
-            if self.predicted_ns(run) <= RUN_STICKINESS * self.predicted_ns(best) {
-                return run;
-            }
-        }
-        best
+            .min_by(|&&a, &&b| {
+                self.predicted_ns(a, read)
+                    .total_cmp(&self.predicted_ns(b, read))
+                    .then(
+                        self.continues_run(b, read)
+                            .cmp(&self.continues_run(a, read)),
+                    )
+            })
+            .expect("not empty")
     }
 
     /// `choice`'s read is done after `latency_ns`.
     pub fn completed(&mut self, choice: Choice, latency_ns: Nanos, now: Nanos) {
         let s = &mut self.copies[choice.copy];
         s.in_flight = s.in_flight.saturating_sub(1);
-        s.service
-            .record(latency_ns as f64 / f64::from(choice.in_flight.max(1)));
+        let service = if choice.continues_run {
+            &mut s.service_run
+        } else {
+            &mut s.service
+        };
+        service.record(latency_ns as f64 / f64::from(choice.in_flight.max(1)));
         s.last_heard = now;
     }
 
@@ -305,6 +323,34 @@ mod tests {
             selector.completed(choice, 100_000, now);
         }
         assert!(copies.windows(2).all(|w| w[0] == w[1]), "{copies:?}");
+    }
+
+    #[test]
+    fn two_sequential_streams_on_disks_keep_a_copy_each() {
+        // Rotating-disk costs: 1 ms to continue a run, 10 ms to seek.
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let mut now = 0;
+        let mut copies = [Vec::new(), Vec::new()];
+        for i in 0..200u64 {
+            for (stream, base) in [(0, 0u64), (1, 1u64 << 40)] {
+                let request = read(base + (i << 20), 1 << 20);
+                let choice = selector.choose(request, now).unwrap();
+                let cost = if choice.continues_run {
+                    1_000_000
+                } else {
+                    10_000_000
+                };
+                now += cost;
+                selector.completed(choice, cost, now);
+                copies[stream].push(choice.copy);
+            }
+        }
+        // After the first reads, each stream stays on one copy, not the same.
+        let a = copies[0][10..].to_vec();
+        let b = copies[1][10..].to_vec();
+        assert!(a.windows(2).all(|w| w[0] == w[1]), "{a:?}");
+        assert!(b.windows(2).all(|w| w[0] == w[1]), "{b:?}");
+        assert_ne!(a[0], b[0]);
     }
 
     #[test]
