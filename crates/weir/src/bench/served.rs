@@ -183,14 +183,13 @@ impl ServedTargets {
         let data_dir = self.dir.path().join(format!("pool{index}"));
         std::fs::create_dir_all(&data_dir)?;
         let data = data_dir.to_str().context("temporary path is not UTF-8")?;
+        let size =
+            crate::device::model::ModelSpec::parse(device.strip_prefix("model:").unwrap_or(device))
+                .map_err(anyhow::Error::msg)?
+                .size_bytes;
         let mut members = Vec::new();
         for copy in ["a", "b"] {
             let path = data_dir.join(format!("{copy}.img"));
-            let size = crate::device::model::ModelSpec::parse(
-                device.strip_prefix("model:").unwrap_or(device),
-            )
-            .map_err(anyhow::Error::msg)?
-            .size_bytes;
             std::fs::File::create(&path)?.set_len(size)?;
             members.push(format!("{device},store=file:{}", path.display()));
         }
@@ -340,8 +339,9 @@ pub fn run_pool(
         "/v1/sched",
         &[("pool", pool), ("mode", mode.name())],
     )?;
-    let (scrub, clients): (Vec<_>, Vec<_>) = jobs.iter().cloned().partition(|j| j.name == "scrub");
-    let meter = match scrub.first() {
+    let scrub = jobs.iter().find(|j| j.name == "scrub").cloned();
+    let clients: Vec<_> = jobs.iter().filter(|j| j.name != "scrub").cloned().collect();
+    let meter = match scrub {
         Some(_) => Some(ScrubMeter::start(data_dir, pool)?),
         None => None,
     };
@@ -353,7 +353,7 @@ pub fn run_pool(
         super::real::run(uri, &clients, duration, seed)?
     };
     let active_ns = started.elapsed().as_nanos() as u64;
-    if let (Some(meter), Some(job)) = (meter, scrub.into_iter().next()) {
+    if let (Some(meter), Some(job)) = (meter, scrub) {
         let bytes = meter.finish()?;
         results.push(StreamResult {
             job,

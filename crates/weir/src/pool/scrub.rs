@@ -26,9 +26,10 @@ use super::mirror::PoolData;
 /// Checkpoint after this many chunks (and at every change of state).
 const CHECKPOINT_EVERY_CHUNKS: u64 = 64;
 /// Chunks scrubbed at once, by as many worker threads, each taking the
-/// next chunk as it finishes one: four 1 MiB reads in flight per device (OpenZFS keeps 4 MiB of scrub I/O per leaf by
-/// default). With one, a flash device idles between reads, and the device
-/// queue has nothing to schedule.
+/// next chunk as it finishes one: four 1 MiB reads in flight per device
+/// (OpenZFS keeps 4 MiB of scrub I/O per leaf by default). With one, a
+/// flash device idles between reads, and the device queue has nothing to
+/// schedule.
 const CHUNKS_IN_FLIGHT: u64 = 4;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -161,8 +161,6 @@ pub struct IoQueue {
     last_end: u64,
     zfs: Zfs,
     adaptive: Adaptive,
-    /// Merge and split I/Os (drivers that cannot reshape buffers turn it off).
-    reshape: bool,
     splits: HashMap<u64, Split>,
     /// Piece dispatch id -> the I/O it is a piece of.
     piece_owner: HashMap<u64, u64>,
@@ -205,18 +203,10 @@ impl IoQueue {
             last_end: 0,
             zfs: Zfs::default(),
             adaptive: Adaptive::default(),
-            reshape: true,
             splits: HashMap::new(),
             piece_owner: HashMap::new(),
             next_piece_id: PIECE_IDS_FROM,
         }
-    }
-
-    /// Never merge or split (for drivers that cannot reshape buffers).
-    pub fn without_merging(mut self) -> IoQueue {
-        self.merge_limit = 0;
-        self.reshape = false;
-        self
     }
 
     /// Split, but never merge: a driver that can give each piece a buffer
@@ -402,7 +392,7 @@ impl IoQueue {
         };
         let waiting = queue.remove(key);
         let first = waiting.io;
-        let piece = if self.reshape && self.mode == Mode::Adaptive && !class.is_sync() {
+        let piece = if self.mode == Mode::Adaptive && !class.is_sync() {
             self.adaptive.piece_bytes()
         } else {
             None

@@ -16,18 +16,25 @@ fn drain(queue: &mut IoQueue, now: u64) -> Vec<Dispatch> {
     std::iter::from_fn(|| queue.next_to_issue(now)).collect()
 }
 
+/// Ten 4 KiB reads one after another from `now`, each taking
+/// `latency_ns`, with nothing else in the queue: clean samples for the
+/// adaptive mode. Returns the time after the last.
+fn clean_reads(queue: &mut IoQueue, mut now: u64, latency_ns: u64) -> u64 {
+    for id in 0..10 {
+        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
+        let d = queue.next_to_issue(now).unwrap();
+        now += latency_ns;
+        queue.complete(d.id, now);
+    }
+    now
+}
+
 /// An adaptive queue on flash that has measured both kinds of I/O: a
 /// 4 KiB read takes 100 us alone, a 1 MiB scrub read 2 ms. Large scrub
 /// reads now go in pieces. Returns the queue and the time.
 fn flash_queue_with_measured_scrub() -> (IoQueue, u64) {
     let mut queue = IoQueue::new(Mode::Adaptive, false);
-    let mut now = 0;
-    for id in 0..10 {
-        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
-        let d = queue.next_to_issue(now).unwrap();
-        now += 100_000;
-        queue.complete(d.id, now);
-    }
+    let mut now = clean_reads(&mut queue, 0, 100_000);
     queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
     let d = queue.next_to_issue(now).unwrap();
     assert_eq!(d.length, 1 << 20, "no per-byte cost measured yet: whole");
@@ -98,14 +105,8 @@ fn zfs_lets_one_scrub_io_beside_interactive_reads_and_three_alone() {
 #[test]
 fn adaptive_cuts_background_when_interactive_latency_rises_and_keeps_a_share() {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
-    let mut now = 0;
     // Clean interactive samples: 1 ms each, no background around.
-    for id in 0..10 {
-        queue.enqueue(io(id, IoClass::SyncRead, id << 20, 4096), now);
-        let d = queue.next_to_issue(now).unwrap();
-        now += 1_000_000;
-        queue.complete(d.id, now);
-    }
+    let mut now = clean_reads(&mut queue, 0, 1_000_000);
     // Reads beside a scrub I/O take 10 ms, alone 1 ms. Depth is cut to
     // zero, yet background still gets one I/O per share window.
     for id in 0..50 {
