@@ -63,10 +63,12 @@ struct Held {
     pieces: Option<Pieces>,
 }
 
-/// What the pieces of one I/O found so far.
+/// What the pieces of one I/O found so far. A read's pieces are kept and
+/// copied into its buffer once the last is back, outside the queue's lock.
 struct Pieces {
     error: Option<std::io::Error>,
-    all_holes: bool,
+    /// Pieces read: (offset, bytes, found a hole).
+    read: Vec<(u64, AlignedBuf, bool)>,
 }
 
 /// What the mode released: a whole I/O, or a piece of a held one, which
@@ -271,7 +273,7 @@ fn take_ready(s: &mut Scheduled, now: u64) -> Vec<Ready> {
         let held = s.held.get_mut(&owner).expect("a piece's I/O is held");
         held.pieces.get_or_insert(Pieces {
             error: None,
-            all_holes: true,
+            read: Vec::new(),
         });
         ready.push(Ready::Piece {
             id: dispatch.id,
@@ -310,7 +312,7 @@ fn piece_op(op: &DeviceOp, offset: u64, length: u64) -> DeviceOp {
     }
 }
 
-/// Fold a piece's outcome into its I/O: a read's bytes go to their place.
+/// Note a piece's outcome on its I/O.
 fn absorb_piece(held: &mut Held, offset: u64, outcome: Outcome) {
     let pieces = held.pieces.as_mut().expect("a piece's I/O has pieces");
     match outcome.result {
@@ -318,17 +320,10 @@ fn absorb_piece(held: &mut Held, offset: u64, outcome: Outcome) {
             pieces.error.get_or_insert(err);
         }
         Ok(()) => {
-            if let DeviceOp::Read { offset: start, buf } = &mut held.op {
-                let at = (offset - *start) as usize;
-                let piece = outcome.buf.expect("reads return their buffer");
-                let target = &mut buf.as_mut_slice()[at..at + piece.len()];
-                if outcome.hole {
-                    target.fill(0);
-                } else {
-                    target.copy_from_slice(piece.as_slice());
-                }
+            if matches!(held.op, DeviceOp::Read { .. }) {
+                let buf = outcome.buf.expect("reads return their buffer");
+                pieces.read.push((offset, buf, outcome.hole));
             }
-            pieces.all_holes &= outcome.hole;
         }
     }
 }
@@ -343,15 +338,30 @@ fn finish_pieces(shared: &Shared, held: Held) {
         pieces,
     } = held;
     let pieces = pieces.expect("a piece's I/O has pieces");
+    let all_holes = pieces.read.iter().all(|(_, _, hole)| *hole);
     let (buf, read) = match op {
-        DeviceOp::Read { buf, .. } => (Some(buf), true),
+        DeviceOp::Read {
+            offset: start,
+            mut buf,
+        } => {
+            for (offset, piece, hole) in &pieces.read {
+                let at = (offset - start) as usize;
+                let target = &mut buf.as_mut_slice()[at..at + piece.len()];
+                if *hole {
+                    target.fill(0);
+                } else {
+                    target.copy_from_slice(piece.as_slice());
+                }
+            }
+            (Some(buf), true)
+        }
         DeviceOp::Write { buf, .. } => (Some(buf), false),
         _ => (None, false),
     };
     let result = pieces.error.map_or(Ok(()), Err);
     finish(shared, class, submitted, result.is_err());
     done(Outcome {
-        hole: read && result.is_ok() && pieces.all_holes,
+        hole: read && result.is_ok() && all_holes,
         result,
         buf,
     })
