@@ -406,8 +406,8 @@ class Scrub(PoolTest):
             while "finished" not in (out := self.scrub("status", "tank").stdout) and time.time() < deadline:
                 time.sleep(0.2)
             self.assertIn("finished, 100.0%", out)
-            # The adaptive queues sent the scrub's reads in pieces: put
-            # together again, every copy still verifies.
+            # Paused, resumed and switched between modes, it still found
+            # every copy good.
             self.assertIn("0 repaired, 0 unrecoverable", out)
             run("qemu-io", "-f", "raw", "-c", "read -P 0x5a 0 192M", w.uri("tank/disk"), timeout=120)
             self.scrub("start", "tank")
@@ -417,6 +417,35 @@ class Scrub(PoolTest):
             self.assertEqual(w.stop(), 0)
         self.assertIn("stopped", self.scrub("status", "tank").stdout)
         self.assertEqual(self.weir("sched", "tank").stdout.strip(), "pool tank: zfs", "the mode is remembered")
+
+    def test_scrub_reads_sent_in_pieces_beside_client_reads_put_back_together_verify(self):
+        # With client reads beside it, the adaptive queue measures both and
+        # sends the scrub's 1 MiB reads in pieces; each is read into a
+        # buffer of its own and copied back.
+        a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
+        models = [f"model:hdd,size=512M,store=file:{p}" for p in (a, b)]
+        self.weir("create", "tank", "mirror", *models)
+        self.volume("create", "tank/disk", "--size", "256M")
+        # Random data: a piece copied to the wrong place must not match.
+        src = os.path.join(self.dir, "src.img")
+        with open(src, "wb") as f:
+            f.write(os.urandom(128 * MIB))
+            f.truncate(256 * MIB)
+        with Weir("--data-dir", self.data) as w:
+            run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, w.uri("tank/disk"), timeout=120)
+            self.scrub("start", "tank")
+            deadline = time.time() + 60
+            reads = 0
+            while "finished" not in (out := self.scrub("status", "tank").stdout) and time.time() < deadline:
+                run("qemu-io", "-f", "raw", "-c", f"read {(reads * 37) % 120}M 4k", w.uri("tank/disk"))
+                reads += 1
+            self.assertIn("finished, 100.0%", out)
+            self.assertIn("0 repaired, 0 unrecoverable", out)
+            self.assertGreater(reads, 5, "client reads ran beside the scrub")
+            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            self.assertRegex(metrics, r'weir_device_pieces_total\{[^}]*class="scrub"\} [1-9]')
+            run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"), timeout=120)
+            self.assertEqual(w.stop(), 0)
 
     def test_an_interrupted_scrub_resumes_from_its_checkpoint(self):
         a, b = self.file("a.img"), self.file("b.img")

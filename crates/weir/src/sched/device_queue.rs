@@ -38,6 +38,8 @@ pub struct ClassCounters {
     pub bytes: AtomicU64,
     pub in_flight: AtomicU64,
     pub errors: AtomicU64,
+    /// Device operations sent for I/Os split into pieces.
+    pub pieces: AtomicU64,
     /// Submission to completion, queueing included.
     pub latency_log2_us: [AtomicU64; LATENCY_BUCKETS],
 }
@@ -80,6 +82,7 @@ enum Ready {
         owner: u64,
         offset: u64,
         op: DeviceOp,
+        class: IoClass,
     },
 }
 
@@ -280,6 +283,7 @@ fn take_ready(s: &mut Scheduled, now: u64) -> Vec<Ready> {
             owner,
             offset: dispatch.offset,
             op: piece_op(&held.op, dispatch.offset, dispatch.length),
+            class: dispatch.class,
         });
     }
     ready
@@ -401,24 +405,28 @@ fn issue(shared: &Arc<Shared>, ready: Vec<Ready>) {
                 owner,
                 offset,
                 op,
-            } => shared.device.submit(
-                op,
-                Box::new(move |outcome| {
-                    let (more, finished) = {
-                        let mut s = shared_done.scheduled.lock();
-                        let now = shared_done.now();
-                        let held = s.held.get_mut(&owner).expect("a piece's I/O is held");
-                        absorb_piece(held, offset, outcome);
-                        let last = !s.queue.complete(id, now).is_empty();
-                        let finished = if last { s.held.remove(&owner) } else { None };
-                        (take_ready(&mut s, now), finished)
-                    };
-                    issue(&shared_done, more);
-                    if let Some(held) = finished {
-                        finish_pieces(&shared_done, held);
-                    }
-                }),
-            ),
+                class,
+            } => {
+                shared.counters[class as usize].pieces.fetch_add(1, Relaxed);
+                shared.device.submit(
+                    op,
+                    Box::new(move |outcome| {
+                        let (more, finished) = {
+                            let mut s = shared_done.scheduled.lock();
+                            let now = shared_done.now();
+                            let held = s.held.get_mut(&owner).expect("a piece's I/O is held");
+                            absorb_piece(held, offset, outcome);
+                            let last = !s.queue.complete(id, now).is_empty();
+                            let finished = if last { s.held.remove(&owner) } else { None };
+                            (take_ready(&mut s, now), finished)
+                        };
+                        issue(&shared_done, more);
+                        if let Some(held) = finished {
+                            finish_pieces(&shared_done, held);
+                        }
+                    }),
+                )
+            }
         }
     }
 }

@@ -155,6 +155,7 @@ impl PoolData {
                         ("weir_device_bytes_total", &k.bytes),
                         ("weir_device_in_flight", &k.in_flight),
                         ("weir_device_errors_total", &k.errors),
+                        ("weir_device_pieces_total", &k.pieces),
                     ] {
                         let _ = writeln!(
                             out,
