@@ -27,12 +27,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 
-use crate::device::model::{ModelSpec, NANOS_PER_SEC};
+use crate::device::model::{ModelSpec, NANOS_PER_MS, NANOS_PER_SEC};
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
-use crate::sim::{Simulation, StreamResult};
+use crate::sim::{Simulation, StreamResult, READ_TIMELINE_BUCKET_NS};
 use job::JobSpec;
-use report::{Report, Run, RunConfig, Stream};
+use report::{ReadTimeline, Report, Run, RunConfig, Stream};
 
 /// Where a workload runs.
 #[derive(Clone, Debug)]
@@ -104,6 +104,7 @@ pub fn run_jobs(
 ) -> anyhow::Result<Run> {
     let duration = (seconds * NANOS_PER_SEC as f64) as u64;
     let mut device_read_share = None;
+    let mut device_read_timeline = None;
     let results: Vec<StreamResult> = match target {
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
@@ -118,18 +119,24 @@ pub fn run_jobs(
             if let Some(policy) = read_policy {
                 simulation = simulation.with_read_policy(*policy);
             }
-            let (results, shares) = simulation.run_with_read_shares();
+            let run = simulation.run_mirror();
             if devices.len() > 1 {
                 device_read_share = Some(
                     devices
                         .iter()
-                        .zip(shares)
+                        .zip(run.read_shares)
                         .enumerate()
                         .map(|(i, (d, share))| (format!("{i}:{}", d.text), share))
                         .collect(),
                 );
+                if read_policy.is_some() {
+                    device_read_timeline = Some(ReadTimeline {
+                        step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
+                        shares: run.read_timeline,
+                    });
+                }
             }
-            results
+            run.streams
         }
         Target::Nbd { uri, .. } => real::run(uri, jobs, duration, seed)?,
         Target::ServedPool {
@@ -148,6 +155,7 @@ pub fn run_jobs(
         },
         streams: results.iter().map(Stream::from_result).collect(),
         device_read_share,
+        device_read_timeline,
     })
 }
 

@@ -27,6 +27,18 @@ pub struct Run {
     /// "INDEX:SPEC".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_read_share: Option<std::collections::BTreeMap<String, f64>>,
+    /// For a mirror read by a policy: the same over time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_read_timeline: Option<ReadTimeline>,
+}
+
+/// Each device's share of the client reads, step by step through a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadTimeline {
+    pub step_ms: u64,
+    /// One row per step, one share per device (in device order); a step
+    /// with no reads is all zero.
+    pub shares: Vec<Vec<f64>>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -27,6 +27,9 @@ use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
 /// Reads of a mirror go to copy (offset / this) % copies.
 const MIRROR_CHUNK_BYTES: u64 = 1 << 20;
 
+/// The width of one step of each device's share of reads over time.
+pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;
+
 /// Open-loop arrivals waiting for a slot, per job. Past this the device is
 /// hopelessly behind the rate, and further arrivals count as errors.
 const BACKLOG_MAX: usize = 1 << 20;
@@ -44,6 +47,24 @@ pub struct StreamResult {
     /// Time the job was running, for rates.
     pub active_ns: Nanos,
     pub latency: LatencyStats,
+}
+
+/// A run of a mirror: the streams, and where the client reads went.
+pub struct MirrorRun {
+    pub streams: Vec<StreamResult>,
+    /// Each device's share of all client reads.
+    pub read_shares: Vec<f64>,
+    /// The same per `READ_TIMELINE_BUCKET_NS`, from the start (a step with
+    /// no reads has every share 0).
+    pub read_timeline: Vec<Vec<f64>>,
+}
+
+fn shares_of(counts: &[u64]) -> Vec<f64> {
+    let total: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .map(|c| *c as f64 / total.max(1) as f64)
+        .collect()
 }
 
 struct JobState {
@@ -93,6 +114,8 @@ pub struct Simulation {
     choices: HashMap<u64, (Choice, Nanos)>,
     /// Client reads (not scrub) sent to each device.
     reads_per_device: Vec<u64>,
+    /// The same per `READ_TIMELINE_BUCKET_NS` of the run.
+    reads_timeline: Vec<Vec<u64>>,
     duration: Nanos,
     now: Nanos,
 }
@@ -166,6 +189,7 @@ impl Simulation {
             selector: None,
             choices: HashMap::new(),
             reads_per_device: vec![0; specs.len()],
+            reads_timeline: Vec::new(),
             duration,
             now: 0,
         })
@@ -179,12 +203,12 @@ impl Simulation {
 
     /// Run to the end; the results are in job order.
     pub fn run(self) -> Vec<StreamResult> {
-        self.run_with_read_shares().0
+        self.run_mirror().streams
     }
 
-    /// Run to the end: the results in job order, and each device's share
-    /// of the client reads.
-    pub fn run_with_read_shares(mut self) -> (Vec<StreamResult>, Vec<f64>) {
+    /// Run to the end: the results in job order, and how the client reads
+    /// were spread over the devices.
+    pub fn run_mirror(mut self) -> MirrorRun {
         let mut done = Vec::new();
         while let Some(now) = self.next_time().filter(|t| *t < self.duration) {
             self.now = now;
@@ -223,16 +247,16 @@ impl Simulation {
                 self.dispatch(index, now);
             }
         }
-        let reads: u64 = self.reads_per_device.iter().sum();
-        let shares = self
-            .reads_per_device
+        let read_timeline = self
+            .reads_timeline
             .iter()
-            .map(|r| *r as f64 / reads.max(1) as f64)
+            .map(|counts| shares_of(counts))
             .collect();
-        (
-            self.jobs.into_iter().map(|job| job.result).collect(),
-            shares,
-        )
+        MirrorRun {
+            read_shares: shares_of(&self.reads_per_device),
+            read_timeline,
+            streams: self.jobs.into_iter().map(|job| job.result).collect(),
+        }
     }
 
     fn next_time(&self) -> Option<Nanos> {
@@ -393,7 +417,7 @@ impl Simulation {
                 self.choices.insert(part, (choice, now));
             }
             if client_read {
-                self.reads_per_device[device_index] += 1;
+                self.count_read(device_index, now);
             }
             let device = &mut self.devices[device_index];
             let faults = &device.spec.faults;
@@ -418,6 +442,16 @@ impl Simulation {
             );
             self.dispatch(device_index, now);
         }
+    }
+
+    fn count_read(&mut self, device: usize, now: Nanos) {
+        self.reads_per_device[device] += 1;
+        let bucket = (now / READ_TIMELINE_BUCKET_NS) as usize;
+        let devices = self.devices.len();
+        if self.reads_timeline.len() <= bucket {
+            self.reads_timeline.resize(bucket + 1, vec![0; devices]);
+        }
+        self.reads_timeline[bucket][device] += 1;
     }
 
     /// One copy's I/O is done; the request completes with its last copy.

@@ -114,7 +114,8 @@ fn mirror_reads(policy: Option<ReadPolicy>) -> (f64, Vec<f64>) {
     if let Some(policy) = policy {
         simulation = simulation.with_read_policy(policy);
     }
-    let (results, shares) = simulation.run_with_read_shares();
+    let run = simulation.run_mirror();
+    let (results, shares) = (run.streams, run.read_shares);
     (results[0].bytes as f64 / 1e6, shares)
 }
 

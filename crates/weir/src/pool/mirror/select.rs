@@ -66,6 +66,11 @@ const ROUND_ROBIN_RUN_BYTES: u64 = 256 << 10;
 /// next read it could take, to refresh its estimate.
 const PROBE_AFTER_NS: Nanos = 100 * NANOS_PER_MS;
 
+/// Predictions within this ratio of the earliest are taken as equal: the
+/// service estimates of two identical devices differ by a few percent from
+/// sampling alone.
+const EQUAL_PREDICTIONS_RATIO: f64 = 1.2;
+
 /// One read to place.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadRequest {
@@ -183,21 +188,41 @@ impl MirrorSelector {
 
     /// Whether `read` starts where the last read sent to `copy` ended.
     fn continues_run(&self, copy: usize, read: ReadRequest) -> bool {
-        read.offset > 0 && self.copies[copy].next_offset == read.offset
+        self.copies[copy].next_offset == read.offset
     }
 
     /// When `copy` would finish `read`: its reads in flight and this one,
     /// each at its recent service time for this kind of read. A copy not
-    /// measured yet is predicted to be instant, so that it gets measured.
+    /// measured yet for this kind is taken to be as fast as the fastest
+    /// copy that is, so that it gets reads (and a measure) in proportion to
+    /// its free slots. Only then does the other kind stand in: a seek is
+    /// not priced at the cost of continuing a run.
     fn predicted_ns(&self, copy: usize, read: ReadRequest) -> f64 {
+        let run = self.continues_run(copy, read);
         let s = &self.copies[copy];
-        let (own, other) = if self.continues_run(copy, read) {
-            (&s.service_run, &s.service)
-        } else {
-            (&s.service, &s.service_run)
-        };
-        let per_read = own.get().or(other.get()).unwrap_or(0.0);
+        let per_read = Self::service_of(s, run)
+            .or_else(|| self.fastest_measured_ns(run))
+            .or_else(|| Self::service_of(s, !run))
+            .or_else(|| self.fastest_measured_ns(!run))
+            .unwrap_or(0.0);
         per_read * f64::from(s.in_flight + 1)
+    }
+
+    fn service_of(copy: &CopyState, continues_run: bool) -> Option<f64> {
+        if continues_run {
+            copy.service_run.get()
+        } else {
+            copy.service.get()
+        }
+    }
+
+    /// The lowest service time measured on any copy, for reads that
+    /// continue a run (`continues_run`) or for the others.
+    fn fastest_measured_ns(&self, continues_run: bool) -> Option<f64> {
+        self.copies
+            .iter()
+            .filter_map(|c| Self::service_of(c, continues_run))
+            .min_by(f64::total_cmp)
     }
 
     fn fastest(&self, usable: &[usize], read: ReadRequest, now: Nanos) -> usize {
@@ -212,18 +237,34 @@ impl MirrorSelector {
         {
             return stale;
         }
-        // The earliest finish; on a tie, the copy whose run it continues.
-        *usable
+        // Before any copy is measured, a run stays where it is and other
+        // reads go where the fewest are: on a rotating disk a read sent into
+        // another stream's run can wait behind it for seconds.
+        if self.fastest_measured_ns(true).is_none() && self.fastest_measured_ns(false).is_none() {
+            return *usable
+                .iter()
+                .min_by_key(|&&c| (!self.continues_run(c, read), self.copies[c].in_flight))
+                .expect("not empty");
+        }
+        // The earliest finish. Copies whose predictions are within the
+        // estimates' noise of it are equals: among those the read goes where
+        // the fewest are in flight (then where it continues a run), so that
+        // equal devices stay evenly loaded instead of following the noise.
+        let predicted: Vec<(usize, f64)> = usable
             .iter()
-            .min_by(|&&a, &&b| {
-                self.predicted_ns(a, read)
-                    .total_cmp(&self.predicted_ns(b, read))
-                    .then(
-                        self.continues_run(b, read)
-                            .cmp(&self.continues_run(a, read)),
-                    )
-            })
-            .expect("not empty")
+            .map(|&c| (c, self.predicted_ns(c, read)))
+            .collect();
+        let best = predicted
+            .iter()
+            .map(|&(_, p)| p)
+            .min_by(f64::total_cmp)
+            .expect("not empty");
+        predicted
+            .iter()
+            .filter(|&&(_, p)| p <= best * EQUAL_PREDICTIONS_RATIO)
+            .min_by_key(|&&(c, _)| (self.copies[c].in_flight, !self.continues_run(c, read)))
+            .map(|&(c, _)| c)
+            .expect("the best is among them")
     }
 
     /// `choice`'s read is done after `latency_ns`.
@@ -351,6 +392,44 @@ mod tests {
         assert!(a.windows(2).all(|w| w[0] == w[1]), "{a:?}");
         assert!(b.windows(2).all(|w| w[0] == w[1]), "{b:?}");
         assert_ne!(a[0], b[0]);
+    }
+
+    #[test]
+    fn streams_that_start_together_start_on_a_copy_each() {
+        // Nothing measured yet: each stream's reads stay together, and the
+        // second stream goes where nothing is in flight.
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let copies_of = |selector: &mut MirrorSelector, base: u64| -> Vec<usize> {
+            (0..4u64)
+                .map(|i| {
+                    selector
+                        .choose(read(base + (i << 20), 1 << 20), 0)
+                        .unwrap()
+                        .copy
+                })
+                .collect()
+        };
+        let a = copies_of(&mut selector, 0);
+        let b = copies_of(&mut selector, 1 << 40);
+        assert!(a.iter().all(|c| *c == a[0]), "{a:?}");
+        assert!(b.iter().all(|c| *c == b[0]), "{b:?}");
+        assert_ne!(a[0], b[0]);
+    }
+
+    #[test]
+    fn equal_copies_stay_evenly_loaded() {
+        // Two copies measured a few percent apart, as sampling leaves two
+        // identical devices: random reads still split evenly by depth.
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        run_one_at_a_time(&mut selector, &[100_000, 104_000], 1_000);
+        let mut in_flight = [0u32; 2];
+        for i in 0..64u64 {
+            let choice = selector
+                .choose(read((i * 7919 % 1000) << 20, 4096), 1 << 40)
+                .unwrap();
+            in_flight[choice.copy] += 1;
+        }
+        assert_eq!(in_flight, [32, 32]);
     }
 
     #[test]
