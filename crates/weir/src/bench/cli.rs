@@ -25,6 +25,8 @@ pub enum BenchCommand {
     WritebackVsRandread(ScenarioArgs),
     /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors (sim only, so far).
     Scheduler(ScenarioArgs),
+    /// Issue 6: every mirror read policy on NVMe + SSD, equal NVMe, HDD and a copy that slows down (sim).
+    MirrorReads(ScenarioArgs),
     /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
     QueueOverhead(OverheadArgs),
 }
@@ -98,6 +100,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
         BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
         BenchCommand::Scheduler(args) => scenario(args, 60.0, scenarios::scheduler),
+        BenchCommand::MirrorReads(args) => scenario(args, 10.0, super::mirror_reads::mirror_reads),
         BenchCommand::QueueOverhead(args) => {
             print!("{}", super::overhead::run(args.ios)?);
             let rerun: Vec<String> = std::env::args().collect();
@@ -204,6 +207,18 @@ fn scenario(args: ScenarioArgs, default_seconds: f64, scenario: Scenario) -> any
         (None, false) => scenario(&mut SimTargets, seconds, args.seed)?,
     };
     emit(&outcome.report, None, args.out.as_deref())?;
+    if let Some(dir) = &args.out {
+        for (name, canvas) in &outcome.plots {
+            let report = &outcome.report;
+            let path = dir.join(format!("{}-{}-{name}.png", report.scenario, report.mode));
+            std::fs::write(&path, canvas.encode())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+    }
+    if !outcome.notes.is_empty() {
+        print!("\n{}", outcome.notes);
+    }
     println!("\n{}", checks_table(&outcome.checks));
     let rerun: Vec<String> = std::env::args().collect();
     println!("rerun: {}", rerun.join(" "));

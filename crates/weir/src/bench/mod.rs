@@ -13,6 +13,7 @@
 
 pub mod cli;
 pub mod job;
+pub mod mirror_reads;
 pub mod nbd_client;
 pub mod overhead;
 pub mod plot;
@@ -105,6 +106,7 @@ pub fn run_jobs(
     let duration = (seconds * NANOS_PER_SEC as f64) as u64;
     let mut device_read_share = None;
     let mut device_read_timeline = None;
+    let mut stream_read_share = None;
     let results: Vec<StreamResult> = match target {
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
@@ -130,6 +132,12 @@ pub fn run_jobs(
                         .collect(),
                 );
                 if read_policy.is_some() {
+                    stream_read_share = Some(
+                        jobs.iter()
+                            .zip(&run.job_read_shares)
+                            .map(|(job, shares)| (job.name.clone(), shares.clone()))
+                            .collect(),
+                    );
                     device_read_timeline = Some(ReadTimeline {
                         step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
                         shares: run.read_timeline,
@@ -156,6 +164,7 @@ pub fn run_jobs(
         streams: results.iter().map(Stream::from_result).collect(),
         device_read_share,
         device_read_timeline,
+        stream_read_share,
     })
 }
 

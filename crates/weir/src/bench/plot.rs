@@ -122,3 +122,71 @@ pub fn render(report: &Report) -> Canvas {
 pub fn write(report: &Report, path: &Path) -> std::io::Result<()> {
     std::fs::write(path, render(report).encode())
 }
+
+/// A line per policy of one copy's share of reads (0 to 1) over time, with
+/// the window of a fault shaded. Each line: (name, step in s, shares).
+pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<f64>)]) -> Canvas {
+    const HEIGHT: i64 = 420;
+    let mut canvas = Canvas::new(WIDTH, HEIGHT as usize, [255, 255, 255]);
+    canvas.text(MARGIN_LEFT, 15, title, 2, BLACK);
+    let (top, bottom) = (TOP + 10, HEIGHT - 50);
+    let plot_width = WIDTH as i64 - MARGIN_LEFT - MARGIN_RIGHT;
+    let plot_height = bottom - top;
+    let end_s = lines
+        .iter()
+        .map(|(_, step, shares)| step * shares.len() as f64)
+        .fold(1.0, f64::max);
+    let x_of = |s: f64| MARGIN_LEFT + (s / end_s * plot_width as f64) as i64;
+    let y_of = |share: f64| bottom - (share.clamp(0.0, 1.0) * plot_height as f64) as i64;
+    let (from, until) = shaded_s;
+    canvas.fill(
+        x_of(from),
+        top,
+        x_of(until) - x_of(from),
+        plot_height,
+        [235, 235, 235],
+    );
+    for tenth in 0..=10 {
+        let share = tenth as f64 / 10.0;
+        canvas.fill(MARGIN_LEFT, y_of(share), plot_width, 1, GREY);
+        canvas.text(20, y_of(share) - 3, &format!("{share:.1}"), 1, BLACK);
+    }
+    for second in 0..=end_s as i64 {
+        let x = x_of(second as f64);
+        canvas.fill(x, bottom, 1, 4, BLACK);
+        let label = format!("{second}s");
+        canvas.text(
+            x - Canvas::text_width(&label, 1) / 2,
+            bottom + 8,
+            &label,
+            1,
+            BLACK,
+        );
+    }
+    canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
+    for (index, (name, step, shares)) in lines.iter().enumerate() {
+        let colour = COLOURS[index % COLOURS.len()];
+        let mut last: Option<(i64, i64)> = None;
+        for (i, share) in shares.iter().enumerate() {
+            let point = (x_of((i as f64 + 0.5) * step), y_of(*share));
+            if let Some((x0, y0)) = last {
+                // A step: across at the old level, then up or down.
+                canvas.fill(x0, y0 - 1, point.0 - x0 + 1, 3, colour);
+                let (low, high) = (y0.min(point.1), y0.max(point.1));
+                canvas.fill(point.0 - 1, low - 1, 3, high - low + 3, colour);
+            }
+            last = Some(point);
+        }
+        let lx = WIDTH as i64 - MARGIN_RIGHT - 200;
+        canvas.fill(lx, top + 10 + index as i64 * 14, 10, 10, colour);
+        canvas.text(lx + 14, top + 11 + index as i64 * 14, name, 1, BLACK);
+    }
+    canvas.text(
+        MARGIN_LEFT,
+        HEIGHT - 20,
+        "time (s), shaded: the copy is slowed",
+        1,
+        BLACK,
+    );
+    canvas
+}

@@ -27,7 +27,11 @@ pub struct Run {
     /// "INDEX:SPEC".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_read_share: Option<std::collections::BTreeMap<String, f64>>,
-    /// For a mirror read by a policy: the same over time.
+    /// For a mirror read by a policy: each stream's share of its reads per
+    /// device, in device order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_read_share: Option<std::collections::BTreeMap<String, Vec<f64>>>,
+    /// For a mirror read by a policy: the device shares over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_read_timeline: Option<ReadTimeline>,
 }

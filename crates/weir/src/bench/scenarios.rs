@@ -10,6 +10,7 @@ use super::job::JobSpec;
 use super::report::{Report, Run, Stream};
 use super::{run_jobs, Target};
 use crate::device::model::ModelSpec;
+use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 
 /// Devices the scenarios use. 64 GiB keeps a memory store's page table
@@ -27,7 +28,7 @@ pub struct Check {
 }
 
 impl Check {
-    fn range(what: &str, unit: &str, measured: f64, low: f64, high: f64) -> Check {
+    pub(crate) fn range(what: &str, unit: &str, measured: f64, low: f64, high: f64) -> Check {
         Check {
             what: what.into(),
             expected: if high.is_finite() {
@@ -70,6 +71,16 @@ pub trait Targets {
     fn mirror(&mut self, _device: &str, _mode: Mode) -> anyhow::Result<Option<Target>> {
         Ok(None)
     }
+
+    /// A pool of `devices` (one: just it; more: a mirror) whose reads
+    /// choose a copy by `policy`, its queues in the default mode.
+    fn pool_of(
+        &mut self,
+        _devices: &[&str],
+        _policy: Option<ReadPolicy>,
+    ) -> anyhow::Result<Option<Target>> {
+        Ok(None)
+    }
 }
 
 /// Simulated devices.
@@ -90,6 +101,21 @@ impl Targets for SimTargets {
             devices: vec![model(device)?, model(device)?],
             mode,
             read_policy: None,
+        }))
+    }
+
+    fn pool_of(
+        &mut self,
+        devices: &[&str],
+        policy: Option<ReadPolicy>,
+    ) -> anyhow::Result<Option<Target>> {
+        Ok(Some(Target::SimPool {
+            devices: devices
+                .iter()
+                .map(|d| model(d))
+                .collect::<anyhow::Result<_>>()?,
+            mode: Mode::default(),
+            read_policy: policy,
         }))
     }
 }
@@ -117,6 +143,11 @@ fn stream<'a>(run: &'a Run, name: &str) -> &'a Stream {
 pub struct Outcome {
     pub report: Report,
     pub checks: Vec<Check>,
+    /// Reference figures printed before the checks.
+    pub notes: String,
+    /// Plots beyond the latency histograms: (name, picture), written
+    /// beside the JSON as SCENARIO-MODE-NAME.png.
+    pub plots: Vec<(String, super::png::Canvas)>,
 }
 
 fn report(scenario: &str, targets_mode: &str, seconds: f64, seed: u64, runs: Vec<Run>) -> Report {
@@ -229,6 +260,8 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     Ok(Outcome {
         report: report("calibrate", mode, seconds, seed, runs),
         checks,
+        notes: String::new(),
+        plots: Vec::new(),
     })
 }
 
@@ -280,6 +313,8 @@ pub fn scrub_vs_randread(
     Ok(Outcome {
         report: report("scrub-vs-randread", hdd.mode(), seconds, seed, runs),
         checks,
+        notes: String::new(),
+        plots: Vec::new(),
     })
 }
 
@@ -439,6 +474,8 @@ pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     Ok(Outcome {
         report: report("scheduler", targets_mode, seconds, seed, runs),
         checks,
+        notes: String::new(),
+        plots: Vec::new(),
     })
 }
 
@@ -470,5 +507,7 @@ pub fn writeback_vs_randread(
     Ok(Outcome {
         report: report("writeback-vs-randread", ssd.mode(), seconds, seed, runs),
         checks,
+        notes: String::new(),
+        plots: Vec::new(),
     })
 }

@@ -54,6 +54,8 @@ pub struct MirrorRun {
     pub streams: Vec<StreamResult>,
     /// Each device's share of all client reads.
     pub read_shares: Vec<f64>,
+    /// The same per job, in job order.
+    pub job_read_shares: Vec<Vec<f64>>,
     /// The same per `READ_TIMELINE_BUCKET_NS`, from the start (a step with
     /// no reads has every share 0).
     pub read_timeline: Vec<Vec<f64>>,
@@ -116,6 +118,8 @@ pub struct Simulation {
     reads_per_device: Vec<u64>,
     /// The same per `READ_TIMELINE_BUCKET_NS` of the run.
     reads_timeline: Vec<Vec<u64>>,
+    /// The same per job.
+    reads_per_job: Vec<Vec<u64>>,
     duration: Nanos,
     now: Nanos,
 }
@@ -145,6 +149,7 @@ impl Simulation {
             .map(|s| s.size_bytes)
             .min()
             .ok_or("a simulation needs a device")?;
+        let job_count = jobs.len();
         let jobs = jobs
             .iter()
             .map(|job| {
@@ -190,6 +195,7 @@ impl Simulation {
             choices: HashMap::new(),
             reads_per_device: vec![0; specs.len()],
             reads_timeline: Vec::new(),
+            reads_per_job: vec![vec![0; specs.len()]; job_count],
             duration,
             now: 0,
         })
@@ -254,6 +260,7 @@ impl Simulation {
             .collect();
         MirrorRun {
             read_shares: shares_of(&self.reads_per_device),
+            job_read_shares: self.reads_per_job.iter().map(|c| shares_of(c)).collect(),
             read_timeline,
             streams: self.jobs.into_iter().map(|job| job.result).collect(),
         }
@@ -417,7 +424,7 @@ impl Simulation {
                 self.choices.insert(part, (choice, now));
             }
             if client_read {
-                self.count_read(device_index, now);
+                self.count_read(index, device_index, now);
             }
             let device = &mut self.devices[device_index];
             let faults = &device.spec.faults;
@@ -444,8 +451,9 @@ impl Simulation {
         }
     }
 
-    fn count_read(&mut self, device: usize, now: Nanos) {
+    fn count_read(&mut self, job: usize, device: usize, now: Nanos) {
         self.reads_per_device[device] += 1;
+        self.reads_per_job[job][device] += 1;
         let bucket = (now / READ_TIMELINE_BUCKET_NS) as usize;
         let devices = self.devices.len();
         if self.reads_timeline.len() <= bucket {
