@@ -462,3 +462,51 @@ class Scrub(PoolTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReadPolicies(PoolTest):
+    def test_read_policies_switch_at_run_time_and_every_one_reads_correct_data(self):
+        a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
+        models = [f"model:{kind},size=512M,store=file:{p}" for kind, p in (("nvme", a), ("ssd", b))]
+        self.weir("create", "tank", "mirror", *models)
+        self.volume("create", "tank/disk", "--size", "64M")
+        src = os.path.join(self.dir, "src.img")
+        with open(src, "wb") as f:
+            f.write(os.urandom(64 * MIB))
+        with Weir("--data-dir", self.data) as w:
+            run("qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, w.uri("tank/disk"))
+            self.assertEqual(self.weir("read-policy", "tank").stdout.strip(), "pool tank: latency", "the default")
+            for policy in ("pid", "round-robin", "least-pending", "latency"):
+                self.assertIn(f"reads now {policy}", self.weir("read-policy", "tank", policy).stdout)
+                before = self.weir("status", "tank").stdout
+                run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"))
+                after = self.weir("status", "tank", "-v").stdout
+                self.assertIn(f"reads: {policy}", after)
+                self.assertIn(f"read selection ({policy})", after)
+                grew = [self.status_row(after, m)[1][4] - self.status_row(before, m)[1][4] for m in models]
+                self.assertEqual(sum(grew), 64, f"{policy}: one read per 1 MiB chunk: {grew}")
+                if policy == "pid":
+                    # One connection asks for everything: one copy serves it.
+                    self.assertIn(0, grew, grew)
+                if policy == "round-robin":
+                    self.assertEqual(grew, [32, 32], "256 KiB turns over 1 MiB reads: one each in turn")
+            bad = self.weir("read-policy", "tank", "fastest", check=False)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("want pid, round-robin, least-pending, latency", bad.stderr)
+            request = urllib.request.Request(f"http://{self.admin_addr()}/v1/read-policy?pool=tank", method="POST")
+            with self.assertRaises(urllib.error.HTTPError) as missing:
+                urllib.request.urlopen(request)
+            self.assertEqual(missing.exception.code, 409)
+            self.assertIn("missing policy=", missing.exception.read().decode())
+            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            self.assertRegex(metrics, r'weir_member_read_share\{pool="tank",group="0",member="0"[^}]*\} 0\.\d+')
+            self.assertRegex(metrics, r'weir_member_read_service_seconds\{[^}]*kind="other"\} \d')
+            self.assertIn('weir_member_read_passed_over{pool="tank",group="0",member="1"', metrics)
+            self.weir("read-policy", "tank", "round-robin")
+            self.assertEqual(w.stop(), 0)
+        self.assertEqual(self.weir("read-policy", "tank").stdout.strip(), "pool tank: round-robin", "remembered")
+        self.assertIn("reads will be pid when served", self.weir("read-policy", "tank", "pid").stdout)
+
+    def admin_addr(self):
+        with open(os.path.join(self.data, "admin.addr")) as f:
+            return f.read().strip()

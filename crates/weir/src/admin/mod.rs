@@ -3,11 +3,12 @@
 //! Prometheus scrapes `/metrics`.
 //!
 //! ```text
-//!  GET  /v1/status[?pool=P]                pool status, as `weir pool status`
+//!  GET  /v1/status[?pool=P][&verbose=1]    pool status, as `weir pool status [-v]`
 //!  GET  /v1/scrub?pool=P                   scrub progress (JSON)
 //!  POST /v1/scrub/{start,pause,resume,stop}?pool=P
 //!  POST /v1/replace?pool=P&old=DEV&new=DEV[&force=1]
 //!  POST /v1/sched?pool=P&mode=fifo|zfs|adaptive   the device queues' mode
+//!  POST /v1/read-policy?pool=P&policy=pid|round-robin|least-pending|latency
 //!  GET  /v1/iostat                         per device and class counters (JSON)
 //!  GET  /metrics                           Prometheus text
 //! ```
@@ -27,6 +28,7 @@ use std::thread::JoinHandle;
 
 use anyhow::Context;
 
+use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::service::{PoolService, ScrubAction};
 use crate::sched::Mode;
 use http::{Request, Response};
@@ -86,7 +88,9 @@ impl Drop for AdminEndpoint {
 
 fn route(service: &PoolService, request: &Request) -> Response {
     let result = match (request.method.as_str(), request.path.as_str()) {
-        ("GET", "/v1/status") => service.status(request.param("pool")).map(Response::text_ok),
+        ("GET", "/v1/status") => service
+            .status(request.param("pool"), request.param("verbose") == Some("1"))
+            .map(Response::text_ok),
         ("GET", "/v1/scrub") => pool_param(request).and_then(|pool| {
             let checkpoint = service.scrub_status(pool)?;
             Ok(Response::json(serde_json::to_string(&checkpoint)?))
@@ -117,6 +121,15 @@ fn route(service: &PoolService, request: &Request) -> Response {
                 .with_context(|| format!("unknown mode {text:?}: want fifo, zfs or adaptive"))?;
             service.set_sched(pool, mode).map(Response::text_ok)
         }),
+        ("POST", "/v1/read-policy") => pool_param(request).and_then(|pool| {
+            let text = request
+                .param("policy")
+                .with_context(|| format!("missing policy={}", ReadPolicy::names()))?;
+            let policy = ReadPolicy::parse(text).with_context(|| {
+                format!("unknown read policy {text:?}: want {}", ReadPolicy::names())
+            })?;
+            service.set_read_policy(pool, policy).map(Response::text_ok)
+        }),
         ("GET", "/v1/iostat") => Ok(Response::json(service.iostat().to_string())),
         ("GET", "/metrics") => Ok(Response {
             status: 200,
@@ -125,7 +138,8 @@ fn route(service: &PoolService, request: &Request) -> Response {
         }),
         (
             _,
-            "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/iostat" | "/metrics",
+            "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
+            | "/v1/iostat" | "/metrics",
         ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::label::{choose, Label, LabelError, Layout};
 use super::members::{read_labels, write_labels};
 use crate::device::{self, Device, DeviceSpec, IoEngine};
+use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 
 /// Smaller devices cannot hold labels, metadata and useful data.
@@ -47,6 +48,9 @@ struct RegisteredPool {
     /// The device queues' mode (fifo, zfs, adaptive); absent: adaptive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sched: Option<String>,
+    /// How mirrors choose the copy for a read; absent: latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    read_policy: Option<String>,
 }
 
 impl Registry {
@@ -235,6 +239,7 @@ pub fn create(
         // Absolute paths, so that status works from any directory.
         devices: texts.iter().map(|t| identity(t)).collect(),
         sched: None,
+        read_policy: None,
     });
     registry.save(data_dir)
 }
@@ -296,6 +301,8 @@ pub struct Imported {
     pub repaired_labels: Vec<String>,
     /// The device queues' mode, from the registry.
     pub sched: Mode,
+    /// How mirrors choose the copy for a read, from the registry.
+    pub read_policy: ReadPolicy,
 }
 
 impl Imported {
@@ -407,6 +414,7 @@ pub fn import_devices(
         devices,
         repaired_labels,
         sched: Mode::default(),
+        read_policy: ReadPolicy::default(),
     })
 }
 
@@ -451,6 +459,7 @@ pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
         id: format!("{:032x}", found.label.pool_id),
         devices,
         sched: None,
+        read_policy: None,
     });
     registry.save(data_dir)?;
     Ok(name)
@@ -497,7 +506,22 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
             format!("pool {name:?}: unknown sched {text:?} in the registry (want fifo, zfs or adaptive)")
         })?;
     }
+    if let Some(text) = &pool.read_policy {
+        imported.read_policy = ReadPolicy::parse(text).with_context(|| {
+            format!(
+                "pool {name:?}: unknown read policy {text:?} in the registry (want {})",
+                ReadPolicy::names()
+            )
+        })?;
+    }
     Ok(imported)
+}
+
+/// Record how the mirrors of `pool` choose the copy for a read.
+pub fn set_pool_read_policy(data_dir: &Path, pool: &str, policy: ReadPolicy) -> anyhow::Result<()> {
+    let mut registry = Registry::load(data_dir)?;
+    registry.entry_mut(pool)?.read_policy = Some(policy.name().to_string());
+    registry.save(data_dir)
 }
 
 /// Record the device queues' mode of `pool` in the registry.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use super::mirror::select::ReadPolicy;
 use super::scrub::{self, Checkpoint, ScrubState};
 use super::service::{PoolService, ScrubAction};
 use super::{admin, volumes};
@@ -29,6 +30,8 @@ pub enum PoolCommand {
     Import(ImportArgs),
     /// Show or set the device queues' mode: fifo, zfs or adaptive (at run time when served).
     Sched(SchedArgs),
+    /// Show or set how mirrors choose the copy for a read: pid, round-robin, least-pending or latency (at run time when served).
+    ReadPolicy(ReadPolicyArgs),
 }
 
 #[derive(Args)]
@@ -75,6 +78,9 @@ pub struct CreateArgs {
 #[derive(Args)]
 pub struct StatusArgs {
     name: Option<String>,
+    /// Also how the mirrors choose the copy for a read: each member's share, reads in flight, service times.
+    #[arg(short, long)]
+    verbose: bool,
     #[arg(long, default_value = "./weir-data")]
     data_dir: PathBuf,
 }
@@ -91,8 +97,11 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             let server_up = admin::try_lock_data_dir(&args.data_dir)?.is_none();
             if server_up {
                 let client = AdminClient::for_data_dir(&args.data_dir)?;
-                let query: Vec<(&str, &str)> =
+                let mut query: Vec<(&str, &str)> =
                     args.name.iter().map(|n| ("pool", n.as_str())).collect();
+                if args.verbose {
+                    query.push(("verbose", "1"));
+                }
                 print!("{}", client.call("GET", "/v1/status", &query)?);
             } else {
                 print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?);
@@ -101,6 +110,7 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         }
         PoolCommand::Replace(args) => replace(&args),
         PoolCommand::Sched(args) => sched(&args),
+        PoolCommand::ReadPolicy(args) => read_policy(&args),
         PoolCommand::Import(args) => {
             let name = admin::import_new(&args.devices, &args.data_dir)?;
             print!("{}", admin::status(Some(&name), &args.data_dir)?);
@@ -135,7 +145,7 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
         service.replace(&args.pool, &args.old, &args.new, args.force)?
     );
     wait_for_resilver(|| {
-        let status = service.status(Some(&args.pool))?;
+        let status = service.status(Some(&args.pool), false)?;
         Ok((service.resilvering(&args.pool)?, status))
     })?;
     service.close();
@@ -379,34 +389,106 @@ pub fn sched(args: &SchedArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("unknown mode {text:?}: want fifo, zfs or adaptive"))?,
         ),
     };
-    match (admin::try_lock_data_dir(&args.data_dir)?, mode) {
-        (Some(_lock), Some(mode)) => {
-            admin::import_registered(&args.pool, &args.data_dir, false)?;
-            admin::set_pool_sched(&args.data_dir, &args.pool, mode)?;
-            println!(
-                "pool {}: device queues will be {} when served",
-                args.pool,
-                mode.name()
-            );
+    let setting = PoolSetting {
+        status_key: "sched",
+        endpoint: "/v1/sched",
+        query_key: "mode",
+        what: "device queues",
+    };
+    setting.show_or_set(
+        &args.pool,
+        &args.data_dir,
+        mode.map(|m| m.name()),
+        |imported| imported.sched.name(),
+        || admin::set_pool_sched(&args.data_dir, &args.pool, mode.expect("a mode to set")),
+    )
+}
+
+#[derive(Args)]
+pub struct ReadPolicyArgs {
+    pool: String,
+    /// pid, round-robin, least-pending or latency; without it, show the current policy.
+    policy: Option<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+/// `weir pool read-policy POOL [POLICY]`: show or set how the mirrors
+/// choose the copy for a read.
+pub fn read_policy(args: &ReadPolicyArgs) -> anyhow::Result<()> {
+    let policy = match &args.policy {
+        None => None,
+        Some(text) => Some(ReadPolicy::parse(text).with_context(|| {
+            format!("unknown read policy {text:?}: want {}", ReadPolicy::names())
+        })?),
+    };
+    let setting = PoolSetting {
+        status_key: "reads",
+        endpoint: "/v1/read-policy",
+        query_key: "policy",
+        what: "reads",
+    };
+    setting.show_or_set(
+        &args.pool,
+        &args.data_dir,
+        policy.map(|p| p.name()),
+        |imported| imported.read_policy.name(),
+        || {
+            let policy = policy.expect("a policy to set");
+            admin::set_pool_read_policy(&args.data_dir, &args.pool, policy)
+        },
+    )
+}
+
+/// A pool setting kept in the registry: set in the registry when no server
+/// runs, and through the admin endpoint (at once, and remembered) when one
+/// does.
+struct PoolSetting {
+    /// Its line in `pool status`.
+    status_key: &'static str,
+    endpoint: &'static str,
+    query_key: &'static str,
+    /// What it governs, for the message.
+    what: &'static str,
+}
+
+impl PoolSetting {
+    fn show_or_set(
+        &self,
+        pool: &str,
+        data_dir: &Path,
+        value: Option<&'static str>,
+        current: impl Fn(&admin::Imported) -> &'static str,
+        record: impl Fn() -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        match (admin::try_lock_data_dir(data_dir)?, value) {
+            (Some(_lock), Some(value)) => {
+                admin::import_registered(pool, data_dir, false)?;
+                record()?;
+                println!("pool {pool}: {} will be {value} when served", self.what);
+            }
+            (Some(_lock), None) => {
+                let imported = admin::import_registered(pool, data_dir, false)?;
+                println!("pool {pool}: {}", current(&imported));
+            }
+            (None, Some(value)) => {
+                let client = AdminClient::for_data_dir(data_dir)?;
+                let query = [("pool", pool), (self.query_key, value)];
+                print!("{}", client.call("POST", self.endpoint, &query)?);
+            }
+            (None, None) => {
+                let client = AdminClient::for_data_dir(data_dir)?;
+                let status = client.call("GET", "/v1/status", &[("pool", pool)])?;
+                let prefix = format!("{}: ", self.status_key);
+                let line = status
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+                    .with_context(|| {
+                        format!("the server's status has no {} line", self.status_key)
+                    })?;
+                println!("pool {pool}: {line}");
+            }
         }
-        (Some(_lock), None) => {
-            let imported = admin::import_registered(&args.pool, &args.data_dir, false)?;
-            println!("pool {}: {}", args.pool, imported.sched.name());
-        }
-        (None, Some(mode)) => {
-            let client = AdminClient::for_data_dir(&args.data_dir)?;
-            let query = [("pool", args.pool.as_str()), ("mode", mode.name())];
-            print!("{}", client.call("POST", "/v1/sched", &query)?);
-        }
-        (None, None) => {
-            let client = AdminClient::for_data_dir(&args.data_dir)?;
-            let status = client.call("GET", "/v1/status", &[("pool", &args.pool)])?;
-            let line = status
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("sched: "))
-                .context("the server's status names no sched")?;
-            println!("pool {}: {line}", args.pool);
-        }
+        Ok(())
     }
-    Ok(())
 }

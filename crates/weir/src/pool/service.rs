@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::admin::{self, identity, open_member};
 use super::label::{choose, LabelError};
 use super::members::read_labels;
+use super::mirror::select::ReadPolicy;
 use super::mirror::PoolData;
 use super::scrub::{self, Checkpoint, Scrub, ScrubState};
 use crate::sched::Mode;
@@ -88,7 +89,7 @@ impl PoolService {
         &self.pools
     }
 
-    pub fn status(&self, name: Option<&str>) -> anyhow::Result<String> {
+    pub fn status(&self, name: Option<&str>, verbose: bool) -> anyhow::Result<String> {
         let pools: Vec<&Arc<PoolData>> = match name {
             Some(name) => vec![self.pool(name)?],
             None => self.pools.iter().collect(),
@@ -98,7 +99,7 @@ impl PoolService {
             let scan = self
                 .scrub_status(pool.name())?
                 .map(|c| scrub::describe(pool.name(), &c));
-            out.push_str(&pool.status_text(scan.as_deref()));
+            out.push_str(&pool.status_text(scan.as_deref(), verbose));
             out.push('\n');
         }
         if out.is_empty() {
@@ -220,6 +221,15 @@ impl PoolService {
         pool.set_sched(mode);
         admin::set_pool_sched(&self.data_dir, name, mode)?;
         Ok(format!("pool {name}: device queues now {}\n", mode.name()))
+    }
+
+    /// Switch how a pool's mirrors choose the copy for a read, now, and
+    /// remember it.
+    pub fn set_read_policy(&self, name: &str, policy: ReadPolicy) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        pool.set_read_policy(policy);
+        admin::set_pool_read_policy(&self.data_dir, name, policy)?;
+        Ok(format!("pool {name}: reads now {}\n", policy.name()))
     }
 
     /// Per pool, member and class: the device queue's counters, as JSON.

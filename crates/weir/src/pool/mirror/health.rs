@@ -78,6 +78,21 @@ impl Group {
         self.members_where(|h| h == Health::Online)
     }
 
+    /// Members whose copy of `chunk` is whole: complete copies, and copies
+    /// being rebuilt that the resilver has passed.
+    pub(super) fn readable_at(&self, chunk: u64) -> Vec<(usize, Arc<Attached>)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| match s.health() {
+                Health::Online => true,
+                Health::Resilvering => chunk < s.resilvered_chunks.load(Ordering::SeqCst),
+                Health::Faulted => false,
+            })
+            .filter_map(|(i, s)| s.attached().map(|a| (i, a)))
+            .collect()
+    }
+
     /// Members that receive writes: complete copies and those being rebuilt.
     pub(super) fn writable(&self) -> Vec<(usize, Arc<Attached>)> {
         self.members_where(|h| h != Health::Faulted)

@@ -6,9 +6,10 @@
 //!  PoolVolume (a Store, volume.rs) ──> PoolData: groups striped by 1 MiB chunk
 //!     write.rs:    lock chunks ─> log bits durable (new regions) ─> data to every
 //!                  writable member ─> checksums in memory (persisted at FLUSH / FUA)
-//!     read.rs:     lock chunks shared ─> one ONLINE member ─> verify every 4 KiB
-//!                  block ─> a bad block comes from another copy and is rewritten;
-//!                  an EIO is narrowed by halving; no good copy: EIO
+//!     read.rs:     lock chunks shared ─> select.rs picks a copy (ONLINE, or
+//!                  resilvered past the chunk) ─> verify every 4 KiB block ─> a
+//!                  bad block comes from another copy and is rewritten; an EIO
+//!                  is narrowed by halving; no good copy: EIO
 //!     metadata.rs: checksum pages, log bits, flush; recovery at open
 //!     health.rs:   per-member state and error counters; a write error faults
 //!                  the member (labels of the others move to a new generation)
@@ -47,6 +48,7 @@ use super::label::Label;
 use crate::device::workers::Workers;
 use crate::device::Device;
 use crate::sched::{DeviceQueue, Mode};
+use select::{MirrorSelector, ReadPolicy};
 
 pub use health::Health;
 pub use repair::ScrubResult;
@@ -121,6 +123,8 @@ struct GroupState {
 
 struct Group {
     slots: Vec<Slot>,
+    /// Which copy serves each client read.
+    selector: Mutex<MirrorSelector>,
     state: Mutex<GroupState>,
     /// Held while metadata pages are computed and written, so that an older
     /// image of a page never lands after a newer one.
@@ -145,6 +149,8 @@ pub struct PoolData {
     abandoned: AtomicBool,
     /// The members' queue mode.
     sched: Mutex<Mode>,
+    /// The read selectors' clock starts here.
+    opened: std::time::Instant,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -209,8 +215,10 @@ impl PoolData {
         let blocks = (chunks_per_group * BLOCKS_PER_CHUNK) as usize;
         let mut opened = Vec::new();
         for slots in groups {
+            let copies = slots.len();
             let mut group = Group {
                 slots,
+                selector: Mutex::new(MirrorSelector::new(pool.read_policy, copies)),
                 state: Mutex::new(GroupState {
                     sums: Vec::new(),
                     dirty_pages: BTreeSet::new(),
@@ -249,6 +257,7 @@ impl PoolData {
             closing: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             sched: Mutex::new(pool.sched),
+            opened: std::time::Instant::now(),
         });
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
@@ -290,6 +299,22 @@ impl PoolData {
                 member.queue.set_mode(mode);
             }
         }
+    }
+
+    pub fn read_policy(&self) -> ReadPolicy {
+        self.groups[0].selector.lock().policy()
+    }
+
+    /// Choose copies for reads by `policy` from now on.
+    pub fn set_read_policy(&self, policy: ReadPolicy) {
+        for group in &self.groups {
+            group.selector.lock().set_policy(policy);
+        }
+    }
+
+    /// Time since the pool was opened: the read selectors' clock.
+    fn clock_ns(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
     }
 
     /// Stop background work (scrub, resilver) at its next step.

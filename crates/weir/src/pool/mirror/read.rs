@@ -1,11 +1,14 @@
-//! Reads: one complete copy, every block verified; a bad block is served
-//! from another copy and rewritten on the bad one.
+//! Reads: one copy, chosen by the group's `select::MirrorSelector`, every
+//! block verified; a bad block is served from another copy and rewritten
+//! on the bad one.
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::io_ops::{read_at, run_one, write_op};
+use super::select::{Choice, ReadRequest};
 use super::{eio, Attached, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
@@ -20,8 +23,35 @@ fn repair_class(class: IoClass) -> IoClass {
     }
 }
 
+/// Who asks for a read, for the `pid` policy: the submitting thread,
+/// which for a client read is its connection's.
+pub(super) fn requester() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().id().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Which copy serves a read.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum ReadSource {
+    /// A client's read (by `requester`): the group's selector chooses.
+    Client { requester: u64 },
+    /// This member, if it can serve the block: a fast-path read found bad
+    /// blocks on it, and this read heals them.
+    Member(usize),
+    /// Background work (resilver): the first whole copy, past the selector.
+    Background,
+}
+
 impl PoolData {
-    pub(super) fn read(&self, logical: u64, out: &mut [u8], class: IoClass) -> io::Result<bool> {
+    pub(super) fn read(
+        &self,
+        logical: u64,
+        out: &mut [u8],
+        class: IoClass,
+        source: &ReadSource,
+    ) -> io::Result<bool> {
         let pieces = self.stripe.map(logical, out.len() as u64);
         let stripes = self.stripes(&pieces);
         let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].read()).collect();
@@ -29,9 +59,40 @@ impl PoolData {
         for piece in &pieces {
             let target =
                 &mut out[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
-            all_zero &= self.read_piece(piece, target, class)?;
+            all_zero &= self.read_piece(piece, target, class, source)?;
         }
         Ok(all_zero)
+    }
+
+    /// The copy that serves `piece`: a position in `readable`, and the
+    /// selector's choice to report back with `copy_read_done`.
+    fn choose_copy(
+        &self,
+        piece: &Piece,
+        readable: &[(usize, Arc<Attached>)],
+        requester: u64,
+    ) -> Option<(usize, Choice)> {
+        let request = ReadRequest {
+            offset: piece.data_offset,
+            length: piece.length,
+            requester,
+        };
+        let choice = self.groups[piece.group].selector.lock().choose_among(
+            request,
+            self.clock_ns(),
+            |member| readable.iter().any(|(m, _)| *m == member),
+        )?;
+        let position = readable.iter().position(|(m, _)| *m == choice.copy)?;
+        Some((position, choice))
+    }
+
+    fn copy_read_done(&self, group: usize, choice: Choice, latency_ns: u64, bad_data: bool) {
+        let now = self.clock_ns();
+        let mut selector = self.groups[group].selector.lock();
+        selector.completed(choice, latency_ns, now);
+        if bad_data {
+            selector.checksum_failed(choice.copy, now);
+        }
     }
 
     /// Fill `out` with the piece's verified data; true if it is all zero
@@ -41,6 +102,7 @@ impl PoolData {
         piece: &Piece,
         out: &mut [u8],
         class: IoClass,
+        source: &ReadSource,
     ) -> io::Result<bool> {
         let group = &self.groups[piece.group];
         let first = piece.data_offset / DATA_BLOCK_BYTES;
@@ -52,16 +114,29 @@ impl PoolData {
             out.fill(0);
             return Ok(true);
         }
-        let readable = group.readable();
+        let readable = group.readable_at(piece.data_offset / CHUNK_BYTES);
         if readable.is_empty() {
             return Err(eio());
         }
-        // Spread reads over the copies by chunk, so a sequential reader uses all.
-        let preferred = (piece.data_offset / CHUNK_BYTES) as usize % readable.len();
+        let forced = match *source {
+            ReadSource::Member(m) => readable.iter().position(|(r, _)| *r == m),
+            _ => None,
+        };
+        let (preferred, choice) = match (source, forced) {
+            (_, Some(position)) => (position, None),
+            (ReadSource::Client { requester }, None) => {
+                match self.choose_copy(piece, &readable, *requester) {
+                    Some((position, choice)) => (position, Some(choice)),
+                    None => return Err(eio()),
+                }
+            }
+            _ => (0, None),
+        };
         let (member_index, member) = &readable[preferred];
         let slot = &group.slots[*member_index];
         slot.counters.reads.fetch_add(1, Ordering::Relaxed);
         let mut read_ok = vec![false; sums.len()];
+        let started = Instant::now();
         self.read_narrowed(
             piece.group,
             *member_index,
@@ -71,6 +146,13 @@ impl PoolData {
             out,
             &mut read_ok,
         );
+        let read_ns = started.elapsed().as_nanos() as u64;
+        let report = |bad_data: bool| {
+            if let Some(choice) = choice {
+                self.copy_read_done(piece.group, choice, read_ns, bad_data);
+            }
+        };
+        let mut bad_data = false;
         for (i, sum) in sums.iter().enumerate() {
             let range = i * DATA_BLOCK_BYTES as usize..(i + 1) * DATA_BLOCK_BYTES as usize;
             if *sum == BlockSum::Zero {
@@ -81,6 +163,7 @@ impl PoolData {
                 continue;
             }
             if read_ok[i] {
+                bad_data = true;
                 slot.counters
                     .checksum_errors
                     .fetch_add(1, Ordering::Relaxed);
@@ -105,6 +188,7 @@ impl PoolData {
                     }
                 });
             let Some(good) = good else {
+                report(bad_data);
                 return Err(eio());
             };
             out[range].copy_from_slice(good.as_slice());
@@ -130,6 +214,7 @@ impl PoolData {
                 }
             }
         }
+        report(bad_data);
         Ok(false)
     }
 
@@ -200,18 +285,19 @@ impl PoolData {
             });
             return Ok(());
         }
-        let readable = group.readable();
-        if readable.is_empty() {
+        let readable = group.readable_at(piece.data_offset / CHUNK_BYTES);
+        let Some((position, choice)) = self.choose_copy(&piece, &readable, requester()) else {
             return Err((buf, done));
-        }
-        let (member_index, member) =
-            &readable[(piece.data_offset / CHUNK_BYTES) as usize % readable.len()];
-        group.slots[*member_index]
+        };
+        let (member_index, member) = &readable[position];
+        let member_index = *member_index;
+        group.slots[member_index]
             .counters
             .reads
             .fetch_add(1, Ordering::Relaxed);
         let offset = member.regions.data.0 + piece.data_offset;
         let pool = Arc::clone(self);
+        let started = Instant::now();
         member.queue.submit(
             IoClass::SyncRead,
             DeviceOp::Read { offset, buf },
@@ -230,11 +316,15 @@ impl PoolData {
                                 BlockSum::Data(_) => sum.verifies(block),
                             })
                     });
+                let bad_data = outcome.result.is_ok() && !verified;
+                let latency_ns = started.elapsed().as_nanos() as u64;
+                pool.copy_read_done(piece.group, choice, latency_ns, bad_data);
                 if verified {
                     drop(pool);
                     return done(outcome);
                 }
-                // A bad copy or an error: the worker path reads, heals, answers.
+                // A bad copy or an error: the worker path reads this copy
+                // again, heals what fails from another, and answers.
                 let buf = outcome
                     .buf
                     .take()
@@ -242,8 +332,9 @@ impl PoolData {
                 let workers_pool = Arc::clone(&pool);
                 drop(pool);
                 let job_pool = Arc::clone(&workers_pool);
+                let source = ReadSource::Member(member_index);
                 workers_pool.workers.run(Box::new(move || {
-                    let outcome = job_pool.read_outcome(logical, buf, IoClass::SyncRead);
+                    let outcome = job_pool.read_outcome(logical, buf, IoClass::SyncRead, &source);
                     drop(job_pool);
                     done(outcome)
                 }));
@@ -257,8 +348,9 @@ impl PoolData {
         logical: u64,
         mut buf: AlignedBuf,
         class: IoClass,
+        source: &ReadSource,
     ) -> Outcome {
-        match self.read(logical, buf.as_mut_slice(), class) {
+        match self.read(logical, buf.as_mut_slice(), class, source) {
             Ok(hole) => Outcome {
                 result: Ok(()),
                 buf: Some(buf),

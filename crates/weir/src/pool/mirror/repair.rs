@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use super::io_ops::{read_at, run_all, run_one, write_op};
+use super::read::ReadSource;
 use super::{io_err, Attached, Health, PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::{AlignedBuf, Device, DeviceOp};
 use crate::pool::geometry::{Piece, VOLUME_TABLE_BYTES};
@@ -313,7 +314,12 @@ impl PoolData {
             range_offset: 0,
         };
         let mut data = vec![0u8; CHUNK_BYTES as usize];
-        match self.read_piece(&piece, &mut data, IoClass::Resilver) {
+        match self.read_piece(
+            &piece,
+            &mut data,
+            IoClass::Resilver,
+            &ReadSource::Background,
+        ) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
             // A block with no good copy anywhere: the new copy fails its

@@ -1,9 +1,9 @@
 //! Which copy of a mirror serves a read, as a sans-IO state machine: the
-//! caller asks `choose` for each interactive or readahead read, tells
-//! `completed` when it is done, and marks copies unusable (faulted,
-//! resilvering, failing checksums) with `set_usable`. It never reads a
-//! clock; every call takes `now`. Scrub and resilver read the copies they
-//! need and do not come here.
+//! caller asks `choose_among` for each interactive or readahead read, with
+//! the copies that may serve it (not faulted, and resilvered past the
+//! block), tells `completed` when it is done and `checksum_failed` when a
+//! copy returned bad data. It never reads a clock; every call takes `now`.
+//! Scrub and resilver read the copies they need and do not come here.
 //!
 //! ```text
 //!  choose(read, now) ──> policy: pid | round-robin | least-pending | latency
@@ -54,6 +54,11 @@ impl ReadPolicy {
         }
     }
 
+    /// Every policy's name, for error messages.
+    pub fn names() -> String {
+        ReadPolicy::ALL.map(ReadPolicy::name).join(", ")
+    }
+
     pub fn parse(text: &str) -> Option<ReadPolicy> {
         ReadPolicy::ALL.into_iter().find(|p| p.name() == text)
     }
@@ -65,6 +70,10 @@ const ROUND_ROBIN_RUN_BYTES: u64 = 256 << 10;
 /// A copy the latency policy has not heard from for this long gets the
 /// next read it could take, to refresh its estimate.
 const PROBE_AFTER_NS: Nanos = 100 * NANOS_PER_MS;
+/// A copy that returned a block failing its checksum is passed over for
+/// this long, while another copy can serve: the read heals the block, but
+/// a device that has begun to return bad data often goes on doing so.
+const CHECKSUM_AVOID_NS: Nanos = 1000 * NANOS_PER_MS;
 
 /// Predictions within this ratio of the earliest are taken as equal: the
 /// service estimates of two identical devices differ by a few percent from
@@ -93,7 +102,6 @@ pub struct Choice {
 
 #[derive(Clone, Debug, Default)]
 struct CopyState {
-    usable: bool,
     in_flight: u32,
     /// Where the last read chosen for it ended: a read starting here
     /// continues a sequential run on this copy.
@@ -104,6 +112,21 @@ struct CopyState {
     service: Ewma,
     last_heard: Nanos,
     reads: u64,
+    /// Passed over until then, after a checksum failure.
+    avoid_until: Nanos,
+}
+
+/// What the selector knows of one copy, for status and metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyEstimate {
+    pub reads: u64,
+    pub in_flight: u32,
+    /// Service time per read (ns) of reads that continue a run on the copy,
+    /// and of the others, once measured.
+    pub service_run_ns: Option<f64>,
+    pub service_ns: Option<f64>,
+    /// Passed over for now after a checksum failure.
+    pub avoided: bool,
 }
 
 pub struct MirrorSelector {
@@ -117,12 +140,7 @@ impl MirrorSelector {
     pub fn new(policy: ReadPolicy, copies: usize) -> MirrorSelector {
         MirrorSelector {
             policy,
-            copies: (0..copies)
-                .map(|_| CopyState {
-                    usable: true,
-                    ..CopyState::default()
-                })
-                .collect(),
+            copies: vec![CopyState::default(); copies],
             round_robin_copy: 0,
             round_robin_left: ROUND_ROBIN_RUN_BYTES,
         }
@@ -136,16 +154,28 @@ impl MirrorSelector {
         self.policy = policy;
     }
 
-    /// Faulted, resilvering and checksum-failing copies are not chosen.
-    pub fn set_usable(&mut self, copy: usize, usable: bool) {
-        self.copies[copy].usable = usable;
+    /// The copy for `read`, any copy allowed.
+    pub fn choose(&mut self, read: ReadRequest, now: Nanos) -> Option<Choice> {
+        self.choose_among(read, now, |_| true)
     }
 
-    /// The copy for `read`, or None when no copy is usable.
-    pub fn choose(&mut self, read: ReadRequest, now: Nanos) -> Option<Choice> {
-        let usable: Vec<usize> = (0..self.copies.len())
-            .filter(|&c| self.copies[c].usable)
+    /// The copy for `read` among those `allowed` (the caller's: not
+    /// faulted, resilvered past the read), or None when none is. A copy
+    /// whose checksums failed lately is chosen only when no other is
+    /// allowed.
+    pub fn choose_among(
+        &mut self,
+        read: ReadRequest,
+        now: Nanos,
+        allowed: impl Fn(usize) -> bool,
+    ) -> Option<Choice> {
+        let allowed: Vec<usize> = (0..self.copies.len()).filter(|&c| allowed(c)).collect();
+        let trusted: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|&c| now >= self.copies[c].avoid_until)
             .collect();
+        let usable = if trusted.is_empty() { allowed } else { trusted };
         if usable.is_empty() {
             return None;
         }
@@ -280,6 +310,25 @@ impl MirrorSelector {
         s.last_heard = now;
     }
 
+    /// `copy` returned a block whose checksum failed.
+    pub fn checksum_failed(&mut self, copy: usize, now: Nanos) {
+        self.copies[copy].avoid_until = now + CHECKSUM_AVOID_NS;
+    }
+
+    /// Per copy: what the selector knows of it now.
+    pub fn estimates(&self, now: Nanos) -> Vec<CopyEstimate> {
+        self.copies
+            .iter()
+            .map(|c| CopyEstimate {
+                reads: c.reads,
+                in_flight: c.in_flight,
+                service_run_ns: c.service_run.get(),
+                service_ns: c.service.get(),
+                avoided: now < c.avoid_until,
+            })
+            .collect()
+    }
+
     /// Each copy's share of the reads chosen so far.
     pub fn read_shares(&self) -> Vec<f64> {
         let total: u64 = self.copies.iter().map(|c| c.reads).sum();
@@ -287,11 +336,6 @@ impl MirrorSelector {
             .iter()
             .map(|c| c.reads as f64 / total.max(1) as f64)
             .collect()
-    }
-
-    /// Each copy's current service estimate per read (ns), once measured.
-    pub fn service_estimates_ns(&self) -> Vec<Option<f64>> {
-        self.copies.iter().map(|c| c.service.get()).collect()
     }
 }
 
@@ -433,24 +477,49 @@ mod tests {
     }
 
     #[test]
-    fn unusable_copies_are_never_chosen() {
+    fn copies_not_allowed_are_never_chosen() {
         for policy in ReadPolicy::ALL {
             let mut selector = MirrorSelector::new(policy, 3);
-            selector.set_usable(1, false);
             for i in 0..100 {
                 let request = ReadRequest {
                     offset: i << 20,
                     length: 4096,
                     requester: i,
                 };
-                let choice = selector.choose(request, i * 1_000_000).unwrap();
+                let choice = selector
+                    .choose_among(request, i * 1_000_000, |c| c != 1)
+                    .unwrap();
                 assert_ne!(choice.copy, 1, "{policy:?}");
                 selector.completed(choice, 1_000, i * 1_000_000 + 1_000);
             }
-            selector.set_usable(0, false);
-            selector.set_usable(2, false);
-            assert!(selector.choose(read(0, 4096), 0).is_none());
+            assert!(selector.choose_among(read(0, 4096), 0, |_| false).is_none());
         }
+    }
+
+    #[test]
+    fn a_copy_failing_checksums_is_passed_over_for_a_while() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        // Copy 1 is the faster, until it returns a bad block.
+        run_one_at_a_time(&mut selector, &[1_000_000, 100_000], 100);
+        let now = 1 << 40;
+        selector.checksum_failed(1, now);
+        assert!(selector.estimates(now)[1].avoided);
+        for i in 0..50 {
+            let at = now + i * 1_000_000;
+            let choice = selector.choose(read(i << 20, 4096), at).unwrap();
+            assert_eq!(choice.copy, 0);
+            selector.completed(choice, 1_000_000, at + 1_000_000);
+        }
+        // Unless it is the only copy allowed.
+        let only = selector
+            .choose_among(read(0, 4096), now, |c| c == 1)
+            .unwrap();
+        assert_eq!(only.copy, 1);
+        selector.completed(only, 100_000, now + 100_000);
+        // And after the pause it is chosen again.
+        let later = now + CHECKSUM_AVOID_NS + PROBE_AFTER_NS;
+        assert!(!selector.estimates(later)[1].avoided);
+        assert_eq!(selector.choose(read(0, 4096), later).unwrap().copy, 1);
     }
 
     #[test]

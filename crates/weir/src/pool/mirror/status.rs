@@ -8,14 +8,16 @@ use super::{Health, PoolData};
 use crate::sched::IoClass;
 
 impl PoolData {
-    /// A `zpool status`-like report. `scan` is the scrub's line, if any.
-    pub fn status_text(&self, scan: Option<&str>) -> String {
+    /// A `zpool status`-like report. `scan` is the scrub's line, if any;
+    /// `verbose` adds how the mirrors choose the copy for each read.
+    pub fn status_text(&self, scan: Option<&str>, verbose: bool) -> String {
         let mut out = String::new();
         let config = self.config.lock().clone();
         let _ = writeln!(out, "  pool: {}", self.name);
         let _ = writeln!(out, "    id: {:032x}", config.pool_id);
         let _ = writeln!(out, " state: {}", self.state_name());
         let _ = writeln!(out, " sched: {}", self.sched().name());
+        let _ = writeln!(out, " reads: {}", self.read_policy().name());
         if let Some(scan) = scan {
             let _ = writeln!(out, "  scan: {scan}");
         }
@@ -76,7 +78,50 @@ impl PoolData {
                 );
             }
         }
+        if verbose {
+            self.read_selection_text(&mut out);
+        }
         out
+    }
+
+    /// Per member: its share of the client reads the selector placed, its
+    /// reads in flight, and the service times per read it predicts from.
+    fn read_selection_text(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\nread selection ({}): each member's share of the client reads since open, its reads\n\
+             in flight, and its recent service time per read (continuing a run / other)\n\n\
+             \t{:<44} {:>7} {:>9} {:>10} {:>10}  NOTE",
+            self.read_policy().name(),
+            "NAME",
+            "SHARE",
+            "IN-FLIGHT",
+            "RUN us",
+            "OTHER us"
+        );
+        let now = self.clock_ns();
+        let micros = |ns: Option<f64>| ns.map_or("-".to_string(), |ns| format!("{:.1}", ns / 1e3));
+        for (g, group) in self.groups.iter().enumerate() {
+            let _ = writeln!(out, "	  {}", format_args!("mirror-{g}"));
+            let estimates = group.selector.lock().estimates(now);
+            let total: u64 = estimates.iter().map(|e| e.reads).sum();
+            for (slot, e) in group.slots.iter().zip(&estimates) {
+                let _ = writeln!(
+                    out,
+                    "	    {:<40} {:>6.1}% {:>9} {:>10} {:>10}  {}",
+                    slot.spec.read().as_str(),
+                    100.0 * e.reads as f64 / total.max(1) as f64,
+                    e.in_flight,
+                    micros(e.service_run_ns),
+                    micros(e.service_ns),
+                    if e.avoided {
+                        "passed over: bad checksums"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
     }
 
     /// One JSON row per member and class: counters and the log2 latency
@@ -119,7 +164,10 @@ impl PoolData {
             "weir_pool_repairs_total{{pool=\"{pool}\"}} {}",
             self.repairs()
         );
+        let now = self.clock_ns();
         for (g, group) in self.groups.iter().enumerate() {
+            let estimates = group.selector.lock().estimates(now);
+            let selected: u64 = estimates.iter().map(|e| e.reads).sum();
             for (m, slot) in group.slots.iter().enumerate() {
                 let labels = format!(
                     "pool=\"{pool}\",group=\"{g}\",member=\"{m}\",device=\"{}\"",
@@ -144,6 +192,26 @@ impl PoolData {
                 ] {
                     let _ = writeln!(out, "{name}{{{labels}}} {}", value.load(Ordering::Relaxed));
                 }
+                let e = &estimates[m];
+                let _ = writeln!(
+                    out,
+                    "weir_member_read_share{{{labels}}} {}",
+                    e.reads as f64 / selected.max(1) as f64
+                );
+                for (kind, estimate) in [("run", e.service_run_ns), ("other", e.service_ns)] {
+                    if let Some(ns) = estimate {
+                        let _ = writeln!(
+                            out,
+                            "weir_member_read_service_seconds{{{labels},kind=\"{kind}\"}} {}",
+                            ns / 1e9
+                        );
+                    }
+                }
+                let _ = writeln!(
+                    out,
+                    "weir_member_read_passed_over{{{labels}}} {}",
+                    u8::from(e.avoided)
+                );
                 let Some(attached) = slot.attached() else {
                     continue;
                 };

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use disk::SimDisk;
 
+use super::select::ReadPolicy;
 use super::{Health, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::Device;
 use crate::pool::admin::import_devices;
@@ -15,6 +16,8 @@ use crate::pool::geometry::DeviceRegions;
 use crate::pool::label::{Label, Layout};
 use crate::pool::members::write_labels;
 use crate::sched::IoClass;
+use crate::sim::rng::Rng;
+use std::sync::atomic::Ordering;
 
 const DISK_BYTES: u64 = 8 << 20;
 
@@ -90,9 +93,14 @@ fn pattern(seed: u8, length: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A client read, its copy left to the selector.
+fn any_copy() -> super::read::ReadSource {
+    super::read::ReadSource::Client { requester: 0 }
+}
+
 fn read(pool: &PoolData, offset: u64, length: usize) -> std::io::Result<Vec<u8>> {
     let mut out = vec![0u8; length];
-    pool.read(offset, &mut out, IoClass::SyncRead)?;
+    pool.read(offset, &mut out, IoClass::SyncRead, &any_copy())?;
     Ok(out)
 }
 
@@ -170,4 +178,103 @@ fn the_last_complete_copy_is_never_faulted() {
     assert!(pool.write(0, &pattern(4, 4096), false).is_err());
     // Every copy failing is not one member's fault: both stay.
     assert_eq!(pool.state_name(), "ONLINE");
+}
+
+#[test]
+fn bad_checksums_on_one_copy_never_reach_a_reader_and_every_bad_block_is_healed() {
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    assert_eq!(pool.read_policy(), ReadPolicy::Latency, "the default");
+    let length = (pool.chunks_per_group() * CHUNK_BYTES) as usize;
+    let mut rng = Rng::new(6);
+    let data: Vec<u8> = (0..length).map(|_| rng.next_u64() as u8).collect();
+    pool.write(0, &data, true).unwrap();
+    // One bit flipped in each of 40 blocks of copy 0, behind the pool's
+    // back: the copy the selector starts on (equal copies stay on the
+    // first until it fails).
+    let start = fixture.data_start();
+    let blocks = length as u64 / DATA_BLOCK_BYTES;
+    let mut bad = std::collections::BTreeSet::new();
+    while bad.len() < 40 {
+        bad.insert(rng.below(blocks));
+    }
+    for block in &bad {
+        let at = start + block * DATA_BLOCK_BYTES + rng.below(DATA_BLOCK_BYTES);
+        fixture.disks[0].flip_bit(at, rng.below(8) as u8);
+    }
+    // Client reads of 4-64 KiB all over the volume, from 4 requesters.
+    for i in 0..3000 {
+        let first = rng.below(blocks);
+        let count = (1 + rng.below(16)).min(blocks - first);
+        let (offset, len) = (
+            first * DATA_BLOCK_BYTES,
+            (count * DATA_BLOCK_BYTES) as usize,
+        );
+        let mut out = vec![0u8; len];
+        let source = super::read::ReadSource::Client { requester: i % 4 };
+        pool.read(offset, &mut out, IoClass::SyncRead, &source)
+            .unwrap();
+        assert!(
+            out == data[offset as usize..offset as usize + len],
+            "read {i} at {offset}"
+        );
+    }
+    let by_reads = pool.repairs();
+    assert!(
+        by_reads >= 1,
+        "the reads met a bad block on copy 0 and healed it"
+    );
+    let estimates = pool.groups[0].selector.lock().estimates(pool.clock_ns());
+    assert!(estimates[1].reads > 0, "then copy 1 served: {estimates:?}");
+    // The blocks the reads did not meet on copy 0, the scrub heals.
+    let chunks = pool.chunks_per_group();
+    let by_scrub: u64 = (0..chunks)
+        .map(|c| pool.scrub_chunk(0, c).unwrap().repaired)
+        .sum();
+    assert_eq!(
+        by_reads + by_scrub,
+        bad.len() as u64,
+        "each bad block, once"
+    );
+    assert_eq!(
+        fixture.disks[0].peek(start, length),
+        fixture.disks[1].peek(start, length),
+        "the copies agree again"
+    );
+    let again: u64 = (0..chunks)
+        .map(|c| pool.scrub_chunk(0, c).unwrap().repaired)
+        .sum();
+    assert_eq!(again, 0);
+}
+
+#[test]
+fn reads_use_a_resilvering_copy_only_where_the_resilver_has_been() {
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    let data = pattern(4, 4 * CHUNK_BYTES as usize);
+    pool.write(0, &data, true).unwrap();
+    pool.set_read_policy(ReadPolicy::RoundRobin);
+    assert_eq!(pool.read_policy(), ReadPolicy::RoundRobin);
+    // Member 1 is being rebuilt and has been copied up to chunk 2.
+    let slot = &pool.groups[0].slots[1];
+    slot.set_health(Health::Resilvering);
+    slot.resilvered_chunks.store(2, Ordering::SeqCst);
+    let reads_of_1 = || slot.counters.reads.load(Ordering::Relaxed);
+    // Round-robin would give it every other 256 KiB; past chunk 2 it gets none.
+    for round in 0..8 {
+        let offset = 2 * CHUNK_BYTES + (round % 2) * CHUNK_BYTES;
+        assert_eq!(
+            read(&pool, offset, 256 << 10).unwrap(),
+            data[offset as usize..][..256 << 10]
+        );
+    }
+    assert_eq!(reads_of_1(), 0);
+    for round in 0..8 {
+        let offset = (round % 2) * CHUNK_BYTES;
+        assert_eq!(
+            read(&pool, offset, 256 << 10).unwrap(),
+            data[offset as usize..][..256 << 10]
+        );
+    }
+    assert_eq!(reads_of_1(), 4, "half the reads of the chunks it has");
 }

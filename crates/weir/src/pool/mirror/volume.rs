@@ -4,6 +4,7 @@
 use std::io;
 use std::sync::Arc;
 
+use super::read::{requester, ReadSource};
 use super::{PoolData, DATA_BLOCK_BYTES};
 use crate::device::{Completion, DeviceOp, Extent, Outcome};
 use crate::pool::geometry::CHUNK_BYTES;
@@ -55,9 +56,14 @@ impl Store for PoolVolume {
             other => (other, done),
         };
         let pool = Arc::clone(&self.pool);
+        let source = ReadSource::Client {
+            requester: requester(),
+        };
         self.pool.workers.run(Box::new(move || {
             let outcome = match op {
-                DeviceOp::Read { offset, buf } => pool.read_outcome(base + offset, buf, class),
+                DeviceOp::Read { offset, buf } => {
+                    pool.read_outcome(base + offset, buf, class, &source)
+                }
                 DeviceOp::Write {
                     offset,
                     buf,

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::disk::{SimDisk, SECTOR};
-use super::{Fixture, DISK_BYTES};
+use super::{any_copy, Fixture, DISK_BYTES};
 use crate::device::Device;
 use crate::pool::integrity::BlockSum;
 use crate::pool::mirror::{Health, PoolData, BLOCKS_PER_CHUNK, DATA_BLOCK_BYTES};
@@ -144,7 +144,12 @@ impl Run {
     fn check_read(&mut self, first: u64, count: u64) -> Result<(), String> {
         let mut out = vec![0u8; count as usize * BLOCK];
         self.pool()
-            .read(first * DATA_BLOCK_BYTES, &mut out, IoClass::SyncRead)
+            .read(
+                first * DATA_BLOCK_BYTES,
+                &mut out,
+                IoClass::SyncRead,
+                &any_copy(),
+            )
             .map_err(|e| format!("read of blocks {first}+{count} failed: {e}"))?;
         for i in 0..count {
             let got = &out[i as usize * BLOCK..(i as usize + 1) * BLOCK];
@@ -231,7 +236,7 @@ impl Run {
         self.pool = Some(self.fixture.open_without(&absent));
         let mut out = vec![0u8; RANGE_BLOCKS as usize * BLOCK];
         self.pool()
-            .read(0, &mut out, IoClass::SyncRead)
+            .read(0, &mut out, IoClass::SyncRead, &any_copy())
             .map_err(|e| format!("read after recovery failed: {e}"))?;
         for index in 0..RANGE_BLOCKS {
             let found = &out[index as usize * BLOCK..(index as usize + 1) * BLOCK];
