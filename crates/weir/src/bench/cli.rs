@@ -52,9 +52,9 @@ pub struct RunArgs {
     /// For --sim: the device queues' mode [default: adaptive with --pool, fifo with --device].
     #[arg(long, value_enum, requires = "sim")]
     sched: Option<Mode>,
-    /// For --sim --pool: how the mirror picks the copy for a read [default: by 1 MiB chunk, as pools do so far].
-    #[arg(long, value_enum, requires = "pool")]
-    read_policy: Option<ReadPolicy>,
+    /// For --sim --pool: how the mirror picks the copy for a read, as a served pool does.
+    #[arg(long, value_enum, requires = "pool", default_value_t = ReadPolicy::default())]
+    read_policy: ReadPolicy,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
     scrub: bool,
@@ -144,7 +144,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Target::SimPool {
                 devices,
                 mode: args.sched.unwrap_or_default(),
-                read_policy: args.read_policy,
+                read_policy: Some(args.read_policy),
             }
         }
         (true, Some(device), None) if args.sched.is_some() || args.scrub => {

@@ -108,6 +108,8 @@ pub fn mirror_reads(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyho
     let Runner {
         runs, mode, seed, ..
     } = runner;
+    notes.push('\n');
+    notes.push_str(&summary_table(&runs));
     Ok(Outcome {
         report: Report {
             scenario: "mirror-reads".into(),
@@ -412,6 +414,34 @@ fn slow_copy(
         (SLOW_FROM_S, SLOW_UNTIL_S),
         &lines,
     ))
+}
+
+/// One row per mirror run: throughput of all its streams, the worst
+/// stream's p50 and p99, and each device's share of the reads.
+fn summary_table(runs: &[Run]) -> String {
+    let mut out = String::from(
+        "| run | MB/s | p50 | p99 | read share per device |\n|---|---:|---:|---:|---|\n",
+    );
+    for run in runs {
+        let Some(shares) = &run.device_read_share else {
+            continue;
+        };
+        let worst = |f: fn(&Stream) -> f64| run.streams.iter().map(f).fold(0.0, f64::max);
+        let shares: Vec<String> = shares
+            .values()
+            .map(|share| format!("{:.1}%", 100.0 * share))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} us | {:.0} us | {} |",
+            run.label,
+            mb_per_s(run),
+            worst(|s| s.latency_us.p50),
+            worst(|s| s.latency_us.p99),
+            shares.join(" / ")
+        );
+    }
+    out
 }
 
 fn mean_share(share: &[f64], step_s: f64, from_s: f64, until_s: f64) -> f64 {

@@ -44,7 +44,9 @@ pub enum Target {
     SimPool {
         devices: Vec<ModelSpec>,
         mode: Mode,
-        /// How a mirror picks the copy for a read (None: by 1 MiB chunk).
+        /// How a mirror picks the copy for a read (None: by 1 MiB chunk,
+        /// as pools did before read policies; the scheduler scenario keeps
+        /// it so that its figures compare queue modes alone).
         read_policy: Option<ReadPolicy>,
     },
     /// An NBD URI; `device` says what is behind it, when we know.
@@ -73,7 +75,9 @@ impl Target {
                 read_policy,
             } => {
                 let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
-                let reads = read_policy.map_or(String::new(), |p| format!(", reads {}", p.name()));
+                let reads = read_policy.map_or(", reads by 1 MiB chunk".to_string(), |p| {
+                    format!(", reads {}", p.name())
+                });
                 format!("mirror {} (sched {}{reads})", texts.join(" "), mode.name())
             }
             Target::Nbd {
