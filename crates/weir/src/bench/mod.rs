@@ -157,7 +157,23 @@ pub fn run_jobs(
             pool,
             mode,
             ..
-        } => served::run_pool(uri, data_dir, pool, *mode, jobs, duration, seed)?,
+        } => {
+            let before = served::pool_reads(data_dir)?;
+            let results = served::run_pool(uri, data_dir, pool, *mode, jobs, duration, seed)?;
+            let after = served::pool_reads(data_dir)?;
+            let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+            let total: u64 = delta.iter().sum();
+            if delta.len() > 1 && total > 0 {
+                device_read_share = Some(
+                    delta
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| (format!("{i}"), *d as f64 / total as f64))
+                        .collect(),
+                );
+            }
+            results
+        }
     };
     Ok(Run {
         label: label.into(),

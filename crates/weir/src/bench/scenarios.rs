@@ -81,6 +81,37 @@ pub trait Targets {
     ) -> anyhow::Result<Option<Target>> {
         Ok(None)
     }
+
+    /// Bytes of the volume a `pool_of` target offers its jobs.
+    fn pool_volume_bytes(&self) -> u64 {
+        64 << 30
+    }
+
+    /// Run `jobs` on a pool of `devices` read by `policy`, with copy
+    /// `slow.copy` slowed over a window of the run, and record each
+    /// device's share of the reads over time.
+    fn run_with_slow_copy(
+        &mut self,
+        _label: &str,
+        _devices: &[&str],
+        _policy: ReadPolicy,
+        _jobs: &[JobSpec],
+        _slow: SlowCopy,
+        _seed: u64,
+    ) -> anyhow::Result<Run> {
+        anyhow::bail!("these targets cannot slow a copy down")
+    }
+}
+
+/// A copy made `factor` times slower from `from_s` to `until_s` of a run
+/// of `run_s` seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct SlowCopy {
+    pub copy: usize,
+    pub factor: u32,
+    pub from_s: f64,
+    pub until_s: f64,
+    pub run_s: f64,
 }
 
 /// Simulated devices.
@@ -117,6 +148,27 @@ impl Targets for SimTargets {
             mode: Mode::default(),
             read_policy: policy,
         }))
+    }
+
+    fn run_with_slow_copy(
+        &mut self,
+        label: &str,
+        devices: &[&str],
+        policy: ReadPolicy,
+        jobs: &[JobSpec],
+        slow: SlowCopy,
+        seed: u64,
+    ) -> anyhow::Result<Run> {
+        let slowed = format!(
+            "{},slow={}x@{}..{}",
+            devices[slow.copy], slow.factor, slow.from_s, slow.until_s
+        );
+        let mut specs = devices.to_vec();
+        specs[slow.copy] = &slowed;
+        let target = self
+            .pool_of(&specs, Some(policy))?
+            .expect("the simulator builds pools");
+        run_jobs(label, &target, jobs, slow.run_s, seed)
     }
 }
 

@@ -15,13 +15,17 @@ use anyhow::{bail, Context};
 use weir_nbd::consts::CMD_WRITE;
 
 use super::nbd_client::{self, read_reply, request_header};
-use super::scenarios::Targets;
+use super::report::{ReadTimeline, Run};
+use super::scenarios::{SlowCopy, Targets};
 use super::Target;
 use crate::admin::client::AdminClient;
+use crate::device::model::NANOS_PER_MS;
 use crate::pool::geometry::CHUNK_BYTES;
+use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::scrub::{Checkpoint, ScrubState};
 use crate::sched::Mode;
 use crate::sim::StreamResult;
+use crate::sim::READ_TIMELINE_BUCKET_NS;
 
 /// The volume a served mirror exports, filled before the first run so the
 /// scrub has data to read (it skips chunks never written).
@@ -178,22 +182,38 @@ impl ServedTargets {
     /// A pool `bench` of two `device` models stored in sparse files, with
     /// a volume `bench/vol` written full, served with a private admin port.
     fn serve_mirror(&mut self, device: &str) -> anyhow::Result<&Server> {
-        let key = format!("mirror {device}");
+        self.serve_pool(&format!("mirror {device}"), &[device, device])
+    }
+
+    /// A pool `bench` of `devices` (models, each stored in a sparse file
+    /// and with a fault control file; two or more: a mirror), with a volume
+    /// `bench/vol` written full, served with a private admin port.
+    fn serve_pool(&mut self, key: &str, devices: &[&str]) -> anyhow::Result<&Server> {
         let index = self.servers.len();
         let data_dir = self.dir.path().join(format!("pool{index}"));
         std::fs::create_dir_all(&data_dir)?;
         let data = data_dir.to_str().context("temporary path is not UTF-8")?;
-        let size =
-            crate::device::model::ModelSpec::parse(device.strip_prefix("model:").unwrap_or(device))
-                .map_err(anyhow::Error::msg)?
-                .size_bytes;
         let mut members = Vec::new();
-        for copy in ["a", "b"] {
+        for (copy, device) in devices.iter().enumerate() {
+            let size = crate::device::model::ModelSpec::parse(
+                device.strip_prefix("model:").unwrap_or(device),
+            )
+            .map_err(anyhow::Error::msg)?
+            .size_bytes;
             let path = data_dir.join(format!("{copy}.img"));
             std::fs::File::create(&path)?.set_len(size)?;
-            members.push(format!("{device},store=file:{}", path.display()));
+            let control = control_file(&data_dir, copy);
+            std::fs::File::create(&control)?;
+            members.push(format!(
+                "{device},store=file:{},control={}",
+                path.display(),
+                control.display()
+            ));
         }
-        let mut create = vec!["pool", "create", "bench", "mirror"];
+        let mut create = vec!["pool", "create", "bench"];
+        if devices.len() > 1 {
+            create.push("mirror");
+        }
         create.extend(members.iter().map(String::as_str));
         create.extend(["--data-dir", data]);
         weir_cli(&create)?;
@@ -211,12 +231,26 @@ impl ServedTargets {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        self.serve(&key, &args, Some(data_dir.clone()))?;
+        self.serve(key, &args, Some(data_dir.clone()))?;
         let uri = self.servers.last().expect("just served").uri.clone();
-        eprintln!("filling {} of {key} for its scrub ...", VOLUME_BYTES >> 20);
+        eprintln!("filling {} MiB of {key} ...", VOLUME_BYTES >> 20);
         fill(&uri)?;
         Ok(self.servers.last().expect("just served"))
     }
+
+    /// The served pool of `devices`, started on first use.
+    fn pool_server(&mut self, devices: &[&str]) -> anyhow::Result<&Server> {
+        let key = format!("pool {}", devices.join(" "));
+        match self.servers.iter().position(|s| s.key == key) {
+            Some(i) => Ok(&self.servers[i]),
+            None => self.serve_pool(&key, devices),
+        }
+    }
+}
+
+/// The fault control file of member `copy` of a served pool.
+fn control_file(data_dir: &Path, copy: usize) -> PathBuf {
+    data_dir.join(format!("{copy}.faults"))
 }
 
 impl Targets for ServedTargets {
@@ -233,6 +267,67 @@ impl Targets for ServedTargets {
             uri: server.uri.clone(),
             device: Some(device.into()),
         })
+    }
+
+    fn pool_of(
+        &mut self,
+        devices: &[&str],
+        policy: Option<ReadPolicy>,
+    ) -> anyhow::Result<Option<Target>> {
+        let server = self.pool_server(devices)?;
+        let data_dir = server.data_dir.clone().expect("a pool has a data dir");
+        if let Some(policy) = policy {
+            AdminClient::for_data_dir(&data_dir)?.call(
+                "POST",
+                "/v1/read-policy",
+                &[("pool", "bench"), ("policy", policy.name())],
+            )?;
+        }
+        Ok(Some(Target::ServedPool {
+            uri: server.uri.clone(),
+            data_dir,
+            pool: "bench".into(),
+            mode: Mode::default(),
+            device: server.key.clone(),
+        }))
+    }
+
+    fn pool_volume_bytes(&self) -> u64 {
+        VOLUME_BYTES
+    }
+
+    fn run_with_slow_copy(
+        &mut self,
+        label: &str,
+        devices: &[&str],
+        policy: ReadPolicy,
+        jobs: &[super::job::JobSpec],
+        slow: SlowCopy,
+        seed: u64,
+    ) -> anyhow::Result<Run> {
+        let target = self
+            .pool_of(devices, Some(policy))?
+            .expect("served targets build pools");
+        let Target::ServedPool { data_dir, .. } = &target else {
+            unreachable!("pool_of serves pools")
+        };
+        let control = control_file(data_dir, slow.copy);
+        let sampler = ShareSampler::start(data_dir)?;
+        let started = Instant::now();
+        let fault = std::thread::spawn(move || -> std::io::Result<()> {
+            let at = |s: f64| started + Duration::from_secs_f64(s);
+            std::thread::sleep(at(slow.from_s).saturating_duration_since(Instant::now()));
+            std::fs::write(&control, format!("slow {}\n", slow.factor))?;
+            std::thread::sleep(at(slow.until_s).saturating_duration_since(Instant::now()));
+            std::fs::write(&control, "heal\n")
+        });
+        let mut run = super::run_jobs(label, &target, jobs, slow.run_s, seed)?;
+        fault
+            .join()
+            .map_err(|_| anyhow::anyhow!("the fault timer panicked"))?
+            .context("cannot write the fault control file")?;
+        run.device_read_timeline = Some(sampler.finish()?);
+        Ok(run)
     }
 
     fn mirror(&mut self, device: &str, mode: Mode) -> anyhow::Result<Option<Target>> {
@@ -260,6 +355,70 @@ impl Drop for ServedTargets {
             }
             let _ = server.child.wait();
         }
+    }
+}
+
+/// Each member's share of the pool's client reads, step by step: the
+/// member read counters on `/metrics`, read every `READ_TIMELINE_BUCKET_NS`.
+struct ShareSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<ReadTimeline>>,
+}
+
+/// `weir_member_reads_total` of each member of the pool's first group, in
+/// member order.
+fn member_reads(metrics: &str) -> Vec<u64> {
+    let prefix = "weir_member_reads_total{pool=\"bench\",group=\"0\",member=\"";
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// Each member's client reads so far, from the server's `/metrics`.
+pub fn pool_reads(data_dir: &Path) -> anyhow::Result<Vec<u64>> {
+    let client = AdminClient::for_data_dir(data_dir)?;
+    Ok(member_reads(&client.call("GET", "/metrics", &[])?))
+}
+
+impl ShareSampler {
+    fn start(data_dir: &Path) -> anyhow::Result<ShareSampler> {
+        let client = AdminClient::for_data_dir(data_dir)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let step = Duration::from_nanos(READ_TIMELINE_BUCKET_NS);
+        let thread = std::thread::spawn(move || -> anyhow::Result<ReadTimeline> {
+            let mut last = member_reads(&client.call("GET", "/metrics", &[])?);
+            let mut shares = Vec::new();
+            let mut next = Instant::now() + step;
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                next += step;
+                let now = member_reads(&client.call("GET", "/metrics", &[])?);
+                let delta: Vec<u64> = now.iter().zip(&last).map(|(n, l)| n - l).collect();
+                let total: u64 = delta.iter().sum();
+                shares.push(
+                    delta
+                        .iter()
+                        .map(|d| *d as f64 / total.max(1) as f64)
+                        .collect(),
+                );
+                last = now;
+            }
+            Ok(ReadTimeline {
+                step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
+                shares,
+            })
+        });
+        Ok(ShareSampler { stop, thread })
+    }
+
+    fn finish(self) -> anyhow::Result<ReadTimeline> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the share sampler panicked"))?
     }
 }
 
