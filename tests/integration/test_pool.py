@@ -40,6 +40,10 @@ class PoolTest(unittest.TestCase):
     def volume(self, *args, check=True):
         return run(WEIR, "volume", *args, "--data-dir", self.data, check=check, timeout=60)
 
+    def admin_addr(self):
+        with open(os.path.join(self.data, "admin.addr")) as f:
+            return f.read().strip()
+
     def status_row(self, status, device):
         """The counters of one member in `weir pool status`: READ WRITE CKSUM REPAIRED READS."""
         for line in status.splitlines():
@@ -375,10 +379,6 @@ class Scrub(PoolTest):
             fb.seek(8 * MIB)
             self.assertEqual(fa.read(4 * MIB), fb.read(4 * MIB), "the copies agree again")
 
-    def admin_addr(self):
-        with open(os.path.join(self.data, "admin.addr")) as f:
-            return f.read().strip()
-
     def test_an_online_scrub_pauses_resumes_and_stops(self):
         # HDD models make the scrub slow enough to catch in the middle.
         a, b = self.file("a.img", 512 * MIB), self.file("b.img", 512 * MIB)
@@ -512,7 +512,3 @@ class ReadPolicies(PoolTest):
             self.assertEqual(w.stop(), 0)
         self.assertEqual(self.weir("read-policy", "tank").stdout.strip(), "pool tank: round-robin", "remembered")
         self.assertIn("reads will be pid when served", self.weir("read-policy", "tank", "pid").stdout)
-
-    def admin_addr(self):
-        with open(os.path.join(self.data, "admin.addr")) as f:
-            return f.read().strip()
