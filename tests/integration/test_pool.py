@@ -512,3 +512,6 @@ class ReadPolicies(PoolTest):
             self.assertEqual(w.stop(), 0)
         self.assertEqual(self.weir("read-policy", "tank").stdout.strip(), "pool tank: round-robin", "remembered")
         self.assertIn("reads will be pid when served", self.weir("read-policy", "tank", "pid").stdout)
+        offline = self.weir("status", "tank").stdout
+        self.assertIn(" reads: pid", offline)
+        self.assertIn(" sched: adaptive", offline)

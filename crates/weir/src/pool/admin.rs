@@ -500,6 +500,13 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
             Registry::path(data_dir).display()
         );
     };
+    import_entry(pool, repair)
+}
+
+/// Import a registered pool from its devices, with the settings its
+/// registry entry keeps.
+fn import_entry(pool: &RegisteredPool, repair: bool) -> anyhow::Result<Imported> {
+    let name = &pool.name;
     let mut imported = import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))?;
     if let Some(text) = &pool.sched {
         imported.sched = Mode::parse(text).with_context(|| {
@@ -582,9 +589,7 @@ pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
     }
     let mut out = String::new();
     for pool in pools {
-        let imported =
-            import(&pool.devices, repair).with_context(|| format!("pool {:?}", pool.name))?;
-        render(&mut out, &imported);
+        render(&mut out, &import_entry(pool, repair)?);
     }
     Ok(out)
 }
@@ -594,6 +599,8 @@ fn render(out: &mut String, pool: &Imported) {
     let _ = writeln!(out, "  pool: {}", label.pool_name);
     let _ = writeln!(out, "    id: {:032x}", label.pool_id);
     let _ = writeln!(out, " state: {}", pool.state());
+    let _ = writeln!(out, " sched: {}", pool.sched.name());
+    let _ = writeln!(out, " reads: {}", pool.read_policy.name());
     for text in &pool.repaired_labels {
         let _ = writeln!(
             out,
