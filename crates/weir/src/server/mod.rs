@@ -144,15 +144,36 @@ fn accept_ready(listeners: &Listeners) -> Vec<Stream> {
     for listener in &listeners.tcp {
         while let Ok((stream, _)) = listener.accept() {
             let _ = stream.set_nodelay(true);
+            widen_send_buffer(&stream);
             accepted.push(Stream::Tcp(stream));
         }
     }
     if let Some((listener, _)) = &listeners.unix {
         while let Ok((stream, _)) = listener.accept() {
+            widen_send_buffer(&stream);
             accepted.push(Stream::Unix(stream));
         }
     }
     accepted
+}
+
+/// Room in the kernel for a few large replies: with the default (about
+/// 200 KiB) the reply thread sleeps and wakes several times per 1 MiB read.
+/// The kernel caps it at net.core.wmem_max; a failure only costs speed.
+const SEND_BUFFER_BYTES: libc::c_int = 4 << 20;
+
+fn widen_send_buffer(stream: &impl std::os::fd::AsRawFd) {
+    let size = SEND_BUFFER_BYTES;
+    // SAFETY: a valid socket descriptor and a c_int option of its size.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Exports>) {
