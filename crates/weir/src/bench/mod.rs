@@ -45,8 +45,7 @@ pub enum Target {
         devices: Vec<ModelSpec>,
         mode: Mode,
         /// How a mirror picks the copy for a read (None: by 1 MiB chunk,
-        /// as pools did before read policies; the scheduler scenario keeps
-        /// it so that its figures compare queue modes alone).
+        /// as pools did before read policies).
         read_policy: Option<ReadPolicy>,
     },
     /// An NBD URI; `device` says what is behind it, when we know.

@@ -131,7 +131,7 @@ impl Targets for SimTargets {
         Ok(Some(Target::SimPool {
             devices: vec![model(device)?, model(device)?],
             mode,
-            read_policy: None,
+            read_policy: Some(ReadPolicy::default()),
         }))
     }
 

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   jobs (closed loop: qd in flight; open loop: Poisson arrivals)
-//!     │ one device, or a mirror: reads to one copy (by 1 MiB chunk), writes
+//!     │ one device, or a mirror: reads to the copy a read policy picks, writes
 //!     │ to every copy, scrub reads every copy in LBA order
 //!     ▼                                                   ▲ completions
 //!   sched::IoQueue per device (fifo / zfs / adaptive) ────┤
@@ -110,7 +110,7 @@ pub struct Simulation {
     /// Scrub I/Os go round the copies.
     scrub_turn: usize,
     /// With a read policy, the mirror's read selector; without, reads go
-    /// to a copy by 1 MiB chunk, as a pool does so far.
+    /// to a copy by 1 MiB chunk (how pools read before read policies).
     selector: Option<MirrorSelector>,
     /// Device part -> the selector's choice and when it was issued.
     choices: HashMap<u64, (Choice, Nanos)>,
@@ -383,6 +383,18 @@ impl Simulation {
             requester: job as u64,
         };
         let now = self.now;
+        // The selector weighs each copy's background work, as a pool's does.
+        if let Some(selector) = self.selector.as_mut() {
+            for (i, d) in self.devices.iter().enumerate() {
+                let waiting: u32 = IoClass::ALL
+                    .iter()
+                    .zip(d.queue.activity())
+                    .filter(|(class, _)| !class.is_interactive())
+                    .map(|(_, a)| a.queued as u32 + a.active)
+                    .sum();
+                selector.set_background(i, waiting);
+            }
+        }
         match self.selector.as_mut().and_then(|s| s.choose(request, now)) {
             Some(choice) => vec![(choice.copy, offset, Some(choice))],
             None => vec![(

@@ -77,11 +77,25 @@ impl PoolData {
             length: piece.length,
             requester,
         };
-        let choice = self.groups[piece.group].selector.lock().choose_among(
-            request,
-            self.clock_ns(),
-            |member| readable.iter().any(|(m, _)| *m == member),
-        )?;
+        let mut selector = self.groups[piece.group].selector.lock();
+        for (member, attached) in readable {
+            let background: u64 = IoClass::ALL
+                .iter()
+                .filter(|class| !class.is_interactive())
+                .map(|class| {
+                    attached
+                        .queue
+                        .counters(*class)
+                        .in_flight
+                        .load(Ordering::Relaxed)
+                })
+                .sum();
+            selector.set_background(*member, background as u32);
+        }
+        let choice = selector.choose_among(request, self.clock_ns(), |member| {
+            readable.iter().any(|(m, _)| *m == member)
+        })?;
+        drop(selector);
         let position = readable.iter().position(|(m, _)| *m == choice.copy)?;
         Some((position, choice))
     }

@@ -114,6 +114,9 @@ struct CopyState {
     reads: u64,
     /// Passed over until then, after a checksum failure.
     avoid_until: Nanos,
+    /// Background I/O (scrub, resilver) in the copy's device queue, queued
+    /// or at the device, as the caller last reported it.
+    background: u32,
 }
 
 /// What the selector knows of one copy, for status and metrics.
@@ -221,8 +224,9 @@ impl MirrorSelector {
         self.copies[copy].next_offset == read.offset
     }
 
-    /// When `copy` would finish `read`: its reads in flight and this one,
-    /// each at its recent service time for this kind of read. A copy not
+    /// When `copy` would finish `read`: its reads in flight, its background
+    /// I/O, and this read, each at its recent service time for this kind
+    /// of read. A copy not
     /// measured yet for this kind is taken to be as fast as the fastest
     /// copy that is, so that it gets reads (and a measure) in proportion to
     /// its free slots. Only then does the other kind stand in: a seek is
@@ -235,7 +239,19 @@ impl MirrorSelector {
             .or_else(|| Self::service_of(s, !run))
             .or_else(|| self.fastest_measured_ns(!run))
             .unwrap_or(0.0);
-        per_read * f64::from(s.in_flight + 1)
+        per_read * f64::from(s.in_flight + 1 + s.background)
+    }
+
+    /// `copy`'s device queue holds `ios` background I/Os (scrub,
+    /// resilver), queued or at the device. The prediction counts them as
+    /// reads ahead of this one. The queue lets an interactive read pass
+    /// them, so this overprices the read. It is still what keeps the
+    /// reader off the copy whose background work is throttled most: a
+    /// scrub reads every copy of a chunk, so it goes at the pace of its
+    /// slowest copy, and a reader that gathers on one copy holds back the
+    /// whole scrub (docs/scheduler.md).
+    pub fn set_background(&mut self, copy: usize, ios: u32) {
+        self.copies[copy].background = ios;
     }
 
     fn service_of(copy: &CopyState, continues_run: bool) -> Option<f64> {
@@ -474,6 +490,21 @@ mod tests {
             in_flight[choice.copy] += 1;
         }
         assert_eq!(in_flight, [32, 32]);
+    }
+
+    #[test]
+    fn background_work_on_a_copy_sends_reads_to_the_other() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let now = run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
+        selector.set_background(0, 4);
+        for i in 0..10 {
+            let choice = selector.choose(read(i << 20, 4096), now).unwrap();
+            assert_eq!(choice.copy, 1);
+            selector.completed(choice, 100_000, now);
+        }
+        selector.set_background(0, 0);
+        selector.set_background(1, 4);
+        assert_eq!(selector.choose(read(0, 4096), now).unwrap().copy, 0);
     }
 
     #[test]
