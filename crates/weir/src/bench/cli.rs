@@ -144,7 +144,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Target::SimPool {
                 devices,
                 mode: args.sched.unwrap_or_default(),
-                read_policy: Some(args.read_policy),
+                read_policy: args.read_policy,
             }
         }
         (true, Some(device), None) if args.sched.is_some() || args.scrub => {
@@ -157,7 +157,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             Target::SimPool {
                 devices: vec![ModelSpec::parse(text).map_err(anyhow::Error::msg)?],
                 mode: args.sched.unwrap_or(Mode::Fifo),
-                read_policy: None,
+                read_policy: ReadPolicy::default(),
             }
         }
         (true, Some(device), None) => {

@@ -44,9 +44,8 @@ pub enum Target {
     SimPool {
         devices: Vec<ModelSpec>,
         mode: Mode,
-        /// How a mirror picks the copy for a read (None: by 1 MiB chunk,
-        /// as pools did before read policies).
-        read_policy: Option<ReadPolicy>,
+        /// How a mirror picks the copy for a read.
+        read_policy: ReadPolicy,
     },
     /// An NBD URI; `device` says what is behind it, when we know.
     Nbd {
@@ -74,9 +73,11 @@ impl Target {
                 read_policy,
             } => {
                 let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
-                let reads = read_policy.map_or(", reads by 1 MiB chunk".to_string(), |p| {
-                    format!(", reads {}", p.name())
-                });
+                let reads = if devices.len() > 1 {
+                    format!(", reads {}", read_policy.name())
+                } else {
+                    String::new()
+                };
                 format!("mirror {} (sched {}{reads})", texts.join(" "), mode.name())
             }
             Target::Nbd {
@@ -119,12 +120,10 @@ pub fn run_jobs(
             mode,
             read_policy,
         } => {
-            let mut simulation = Simulation::new_pool(devices, *mode, jobs, duration, seed)
-                .map_err(anyhow::Error::msg)?;
-            if let Some(policy) = read_policy {
-                simulation = simulation.with_read_policy(*policy);
-            }
-            let run = simulation.run_mirror();
+            let run = Simulation::new_pool(devices, *mode, jobs, duration, seed)
+                .map_err(anyhow::Error::msg)?
+                .with_read_policy(*read_policy)
+                .run_mirror();
             if devices.len() > 1 {
                 device_read_share = Some(
                     devices
@@ -134,18 +133,16 @@ pub fn run_jobs(
                         .map(|(i, (d, share))| (format!("{i}:{}", d.text), share))
                         .collect(),
                 );
-                if read_policy.is_some() {
-                    stream_read_share = Some(
-                        jobs.iter()
-                            .zip(&run.job_read_shares)
-                            .map(|(job, shares)| (job.name.clone(), shares.clone()))
-                            .collect(),
-                    );
-                    device_read_timeline = Some(ReadTimeline {
-                        step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
-                        shares: run.read_timeline,
-                    });
-                }
+                stream_read_share = Some(
+                    jobs.iter()
+                        .zip(&run.job_read_shares)
+                        .map(|(job, shares)| (job.name.clone(), shares.clone()))
+                        .collect(),
+                );
+                device_read_timeline = Some(ReadTimeline {
+                    step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
+                    shares: run.read_timeline,
+                });
             }
             run.streams
         }

@@ -131,7 +131,7 @@ impl Targets for SimTargets {
         Ok(Some(Target::SimPool {
             devices: vec![model(device)?, model(device)?],
             mode,
-            read_policy: Some(ReadPolicy::default()),
+            read_policy: ReadPolicy::default(),
         }))
     }
 
@@ -146,7 +146,7 @@ impl Targets for SimTargets {
                 .map(|d| model(d))
                 .collect::<anyhow::Result<_>>()?,
             mode: Mode::default(),
-            read_policy: policy,
+            read_policy: policy.unwrap_or_default(),
         }))
     }
 

@@ -24,9 +24,6 @@ use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS
 use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadRequest};
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
 
-/// Reads of a mirror go to copy (offset / this) % copies.
-const MIRROR_CHUNK_BYTES: u64 = 1 << 20;
-
 /// The width of one step of each device's share of reads over time.
 pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;
 
@@ -109,9 +106,9 @@ pub struct Simulation {
     next_id: u64,
     /// Scrub I/Os go round the copies.
     scrub_turn: usize,
-    /// With a read policy, the mirror's read selector; without, reads go
-    /// to a copy by 1 MiB chunk (how pools read before read policies).
-    selector: Option<MirrorSelector>,
+    /// Which copy serves each client read of a mirror (latency unless
+    /// `with_read_policy` says otherwise), as in a pool.
+    selector: MirrorSelector,
     /// Device part -> the selector's choice and when it was issued.
     choices: HashMap<u64, (Choice, Nanos)>,
     /// Client reads (not scrub) sent to each device.
@@ -191,7 +188,7 @@ impl Simulation {
             thinking: BinaryHeap::new(),
             next_id: 1,
             scrub_turn: 0,
-            selector: None,
+            selector: MirrorSelector::new(ReadPolicy::default(), specs.len()),
             choices: HashMap::new(),
             reads_per_device: vec![0; specs.len()],
             reads_timeline: Vec::new(),
@@ -203,7 +200,7 @@ impl Simulation {
 
     /// Reads of a mirror go where `policy` chooses.
     pub fn with_read_policy(mut self, policy: ReadPolicy) -> Simulation {
-        self.selector = Some(MirrorSelector::new(policy, self.devices.len()));
+        self.selector.set_policy(policy);
         self
     }
 
@@ -349,7 +346,7 @@ impl Simulation {
     }
 
     /// Which copies an I/O goes to, at which offset, and for a client read
-    /// of a mirror with a read policy, the selector's choice.
+    /// of a mirror, the selector's choice.
     fn targets(
         &mut self,
         job: usize,
@@ -384,25 +381,20 @@ impl Simulation {
         };
         let now = self.now;
         // The selector weighs each copy's background work, as a pool's does.
-        if let Some(selector) = self.selector.as_mut() {
-            for (i, d) in self.devices.iter().enumerate() {
-                let waiting: u32 = IoClass::ALL
-                    .iter()
-                    .zip(d.queue.activity())
-                    .filter(|(class, _)| !class.is_interactive())
-                    .map(|(_, a)| a.queued as u32 + a.active)
-                    .sum();
-                selector.set_background(i, waiting);
-            }
+        for (i, d) in self.devices.iter().enumerate() {
+            let waiting: u32 = IoClass::ALL
+                .iter()
+                .zip(d.queue.activity())
+                .filter(|(class, _)| !class.is_interactive())
+                .map(|(_, a)| a.queued as u32 + a.active)
+                .sum();
+            self.selector.set_background(i, waiting);
         }
-        match self.selector.as_mut().and_then(|s| s.choose(request, now)) {
-            Some(choice) => vec![(choice.copy, offset, Some(choice))],
-            None => vec![(
-                ((offset / MIRROR_CHUNK_BYTES) % copies as u64) as usize,
-                offset,
-                None,
-            )],
-        }
+        let choice = self
+            .selector
+            .choose(request, now)
+            .expect("every copy of a simulated mirror may serve");
+        vec![(choice.copy, offset, Some(choice))]
     }
 
     fn issue(&mut self, index: usize, arrived: Nanos, now: Nanos) {
@@ -477,8 +469,7 @@ impl Simulation {
     /// One copy's I/O is done; the request completes with its last copy.
     fn part_done(&mut self, part: u64, at: Nanos) {
         if let Some((choice, issued)) = self.choices.remove(&part) {
-            let selector = self.selector.as_mut().expect("a choice has its selector");
-            selector.completed(choice, at - issued, at);
+            self.selector.completed(choice, at - issued, at);
         }
         let id = self
             .parts

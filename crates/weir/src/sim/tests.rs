@@ -102,33 +102,31 @@ fn think_time_spaces_a_closed_loop() {
 
 /// 4 KiB random reads at QD32 for one second on an NVMe + SSD mirror:
 /// (MB/s, each device's share of the reads).
-fn mirror_reads(policy: Option<ReadPolicy>) -> (f64, Vec<f64>) {
-    let mut simulation = Simulation::new_pool(
+fn mirror_reads(policy: ReadPolicy) -> (f64, Vec<f64>) {
+    let run = Simulation::new_pool(
         &[spec("nvme,size=64G"), spec("ssd,size=64G")],
         Mode::Fifo,
         &jobs(&["name=r,rw=randread,bs=4k,qd=32"]),
         NANOS_PER_SEC,
         1,
     )
-    .unwrap();
-    if let Some(policy) = policy {
-        simulation = simulation.with_read_policy(policy);
-    }
-    let run = simulation.run_mirror();
+    .unwrap()
+    .with_read_policy(policy)
+    .run_mirror();
     let (results, shares) = (run.streams, run.read_shares);
     (results[0].bytes as f64 / 1e6, shares)
 }
 
 #[test]
 fn a_mirror_read_policy_places_reads_and_the_shares_count_them() {
-    let (chunked, shares) = mirror_reads(None);
-    assert!((shares[0] - 0.5).abs() < 0.05, "by chunk: {shares:?}");
-    let (round_robin, shares) = mirror_reads(Some(ReadPolicy::RoundRobin));
+    let (pid, shares) = mirror_reads(ReadPolicy::Pid);
+    assert_eq!(shares, [1.0, 0.0], "pid: one requester, one copy");
+    let (round_robin, shares) = mirror_reads(ReadPolicy::RoundRobin);
     assert!((shares[0] - 0.5).abs() < 0.05, "round-robin: {shares:?}");
-    let (latency, shares) = mirror_reads(Some(ReadPolicy::Latency));
+    let (latency, shares) = mirror_reads(ReadPolicy::Latency);
     assert!(shares[0] > 0.6, "latency favours the NVMe copy: {shares:?}");
     assert!(
-        latency > 1.5 * round_robin && latency > chunked,
-        "latency {latency} MB/s, round-robin {round_robin}, by chunk {chunked}"
+        latency > 1.5 * round_robin && latency > pid,
+        "latency {latency} MB/s, round-robin {round_robin}, pid {pid}"
     );
 }
