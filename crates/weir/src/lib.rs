@@ -22,6 +22,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod idle_spin;
+pub mod join;
 pub mod pool;
 pub mod sched;
 pub mod server;

@@ -73,7 +73,7 @@ impl Drop for Workers {
         self.shared.0.lock().stopping = true;
         self.shared.1.notify_all();
         for thread in self.threads.drain(..) {
-            let _ = thread.join();
+            crate::join::join_unless_current(thread);
         }
     }
 }

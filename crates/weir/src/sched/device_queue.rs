@@ -242,7 +242,7 @@ impl Drop for DeviceQueue {
         self.shared.stopping.store(true, Relaxed);
         self.shared.timer_wake.notify_all();
         if let Some(timer) = self.timer.take() {
-            let _ = timer.join();
+            crate::join::join_unless_current(timer);
         }
     }
 }

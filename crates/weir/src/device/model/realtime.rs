@@ -130,7 +130,7 @@ impl Drop for ModelDevice {
     fn drop(&mut self) {
         let _ = self.sender.lock().send(Message::Stop);
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            crate::join::join_unless_current(thread);
         }
     }
 }

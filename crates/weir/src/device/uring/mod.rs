@@ -103,7 +103,7 @@ impl Drop for UringEngine {
         self.shared.stopping.store(true, SeqCst);
         self.shared.wake();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            crate::join::join_unless_current(thread);
         }
     }
 }
