@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::label::{choose, Label, LabelError, Layout};
 use super::members::{read_labels, write_labels};
+use super::mirror::select::COPIES_MAX;
 use crate::device::{self, Device, DeviceSpec, IoEngine};
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
@@ -114,6 +115,12 @@ pub fn parse_layout(words: &[String]) -> anyhow::Result<Vec<Vec<String>>> {
     }
     if groups.iter().any(|g| g.len() != groups[0].len()) {
         bail!("every mirror needs the same number of devices");
+    }
+    if groups[0].len() > COPIES_MAX {
+        bail!(
+            "a mirror of at most {COPIES_MAX} devices, got {}",
+            groups[0].len()
+        );
     }
     Ok(groups)
 }
@@ -667,6 +674,21 @@ mod tests {
                 "{bad:?} should be refused"
             );
         }
+    }
+
+    #[test]
+    fn a_mirror_wider_than_the_selector_can_weigh_is_refused() {
+        let devices = |n: usize| {
+            (0..n)
+                .map(|i| format!("d{i}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(parse_layout(&words(&format!("mirror {}", devices(COPIES_MAX)))).is_ok());
+        let err = parse_layout(&words(&format!("mirror {}", devices(COPIES_MAX + 1))))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 64"), "{err}");
     }
 
     #[test]

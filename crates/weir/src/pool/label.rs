@@ -18,6 +18,8 @@
 
 use std::fmt;
 
+use super::mirror::select::COPIES_MAX;
+
 pub const LABEL_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"WEIRLBL1";
 const VERSION: u32 = 1;
@@ -48,6 +50,11 @@ impl Layout {
             return Err(LabelError::Layout(
                 "every mirror group needs the same number of copies".into(),
             ));
+        }
+        if copies > COPIES_MAX {
+            return Err(LabelError::Layout(format!(
+                "at most {COPIES_MAX} copies in a mirror, got {copies}"
+            )));
         }
         let mut ids: Vec<u128> = self.groups.iter().flatten().copied().collect();
         if ids.len() > MEMBERS_MAX || self.groups.len() > u16::MAX as usize {

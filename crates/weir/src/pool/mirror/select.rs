@@ -80,6 +80,48 @@ const CHECKSUM_AVOID_NS: Nanos = 1000 * NANOS_PER_MS;
 /// sampling alone.
 const EQUAL_PREDICTIONS_RATIO: f64 = 1.2;
 
+/// Copies a selector can weigh: sets of copies are bits of a `u64`, so
+/// that choosing allocates nothing on the read path.
+pub const COPIES_MAX: usize = 64;
+
+/// A set of copies, as bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CopySet(u64);
+
+impl CopySet {
+    fn of(copies: usize, member: impl Fn(usize) -> bool) -> CopySet {
+        CopySet(
+            (0..copies)
+                .filter(|&c| member(c))
+                .fold(0, |bits, c| bits | 1 << c),
+        )
+    }
+
+    fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn contains(self, copy: usize) -> bool {
+        copy < COPIES_MAX && self.0 >> copy & 1 == 1
+    }
+
+    fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// The copies in ascending order.
+    fn iter(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let copy = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                copy
+            })
+        })
+    }
+}
+
 /// One read to place.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadRequest {
@@ -141,6 +183,7 @@ pub struct MirrorSelector {
 
 impl MirrorSelector {
     pub fn new(policy: ReadPolicy, copies: usize) -> MirrorSelector {
+        assert!(copies <= COPIES_MAX, "a mirror of {copies} copies");
         MirrorSelector {
             policy,
             copies: vec![CopyState::default(); copies],
@@ -172,27 +215,28 @@ impl MirrorSelector {
         now: Nanos,
         allowed: impl Fn(usize) -> bool,
     ) -> Option<Choice> {
-        let allowed: Vec<usize> = (0..self.copies.len()).filter(|&c| allowed(c)).collect();
-        let trusted: Vec<usize> = allowed
-            .iter()
-            .copied()
-            .filter(|&c| now >= self.copies[c].avoid_until)
-            .collect();
+        let allowed = CopySet::of(self.copies.len(), allowed);
+        let trusted = CopySet::of(self.copies.len(), |c| {
+            allowed.contains(c) && now >= self.copies[c].avoid_until
+        });
         let usable = if trusted.is_empty() { allowed } else { trusted };
         if usable.is_empty() {
             return None;
         }
         let copy = match self.policy {
-            ReadPolicy::Pid => usable[(read.requester % usable.len() as u64) as usize],
-            ReadPolicy::RoundRobin => self.round_robin(&usable, read.length),
-            ReadPolicy::LeastPending => *usable
+            ReadPolicy::Pid => usable
                 .iter()
-                .min_by_key(|&&c| {
+                .nth((read.requester % usable.len() as u64) as usize)
+                .expect("the index is below the count"),
+            ReadPolicy::RoundRobin => self.round_robin(usable, read.length),
+            ReadPolicy::LeastPending => usable
+                .iter()
+                .min_by_key(|&c| {
                     let s = &self.copies[c];
                     (s.in_flight, s.next_offset.abs_diff(read.offset))
                 })
                 .expect("not empty"),
-            ReadPolicy::Latency => self.fastest(&usable, read, now),
+            ReadPolicy::Latency => self.fastest(usable, read, now),
         };
         let continues_run = self.continues_run(copy, read);
         let state = &mut self.copies[copy];
@@ -206,13 +250,14 @@ impl MirrorSelector {
         })
     }
 
-    fn round_robin(&mut self, usable: &[usize], length: u64) -> usize {
-        if self.round_robin_left == 0 || !usable.contains(&self.round_robin_copy) {
+    fn round_robin(&mut self, usable: CopySet, length: u64) -> usize {
+        if self.round_robin_left == 0 || !usable.contains(self.round_robin_copy) {
+            let first = usable.iter().next().expect("not empty");
             let next = usable
                 .iter()
-                .find(|&&c| c > self.round_robin_copy)
-                .unwrap_or(&usable[0]);
-            self.round_robin_copy = *next;
+                .find(|&c| c > self.round_robin_copy)
+                .unwrap_or(first);
+            self.round_robin_copy = next;
             self.round_robin_left = ROUND_ROBIN_RUN_BYTES;
         }
         self.round_robin_left = self.round_robin_left.saturating_sub(length);
@@ -271,15 +316,15 @@ impl MirrorSelector {
             .min_by(f64::total_cmp)
     }
 
-    fn fastest(&self, usable: &[usize], read: ReadRequest, now: Nanos) -> usize {
+    fn fastest(&self, usable: CopySet, read: ReadRequest, now: Nanos) -> usize {
         // A probe: a copy not heard from lately, with nothing in flight.
-        if let Some(&stale) = usable
+        if let Some(stale) = usable
             .iter()
-            .filter(|&&c| {
+            .filter(|&c| {
                 let s = &self.copies[c];
                 s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
             })
-            .min_by_key(|&&c| self.copies[c].last_heard)
+            .min_by_key(|&c| self.copies[c].last_heard)
         {
             return stale;
         }
@@ -287,29 +332,25 @@ impl MirrorSelector {
         // reads go where the fewest are: on a rotating disk a read sent into
         // another stream's run can wait behind it for seconds.
         if self.fastest_measured_ns(true).is_none() && self.fastest_measured_ns(false).is_none() {
-            return *usable
+            return usable
                 .iter()
-                .min_by_key(|&&c| (!self.continues_run(c, read), self.copies[c].in_flight))
+                .min_by_key(|&c| (!self.continues_run(c, read), self.copies[c].in_flight))
                 .expect("not empty");
         }
         // The earliest finish. Copies whose predictions are within the
         // estimates' noise of it are equals: among those the read goes where
         // the fewest are in flight (then where it continues a run), so that
         // equal devices stay evenly loaded instead of following the noise.
-        let predicted: Vec<(usize, f64)> = usable
+        let predicted = |c: usize| self.predicted_ns(c, read);
+        let best = usable
             .iter()
-            .map(|&c| (c, self.predicted_ns(c, read)))
-            .collect();
-        let best = predicted
-            .iter()
-            .map(|&(_, p)| p)
+            .map(predicted)
             .min_by(f64::total_cmp)
             .expect("not empty");
-        predicted
+        usable
             .iter()
-            .filter(|&&(_, p)| p <= best * EQUAL_PREDICTIONS_RATIO)
-            .min_by_key(|&&(c, _)| (self.copies[c].in_flight, !self.continues_run(c, read)))
-            .map(|&(c, _)| c)
+            .filter(|&c| predicted(c) <= best * EQUAL_PREDICTIONS_RATIO)
+            .min_by_key(|&c| (self.copies[c].in_flight, !self.continues_run(c, read)))
             .expect("the best is among them")
     }
 
@@ -583,6 +624,44 @@ mod tests {
             lp.choose(read(5 << 30, 4096), 1_000).unwrap().copy,
             first.copy
         );
+    }
+
+    #[test]
+    fn copy_sets_list_their_copies_in_order() {
+        let set = CopySet::of(COPIES_MAX, |c| c % 3 == 0 || c == 63);
+        let listed: Vec<usize> = set.iter().collect();
+        let expected: Vec<usize> = (0..COPIES_MAX).filter(|c| c % 3 == 0 || *c == 63).collect();
+        assert_eq!(listed, expected);
+        assert_eq!(set.len(), expected.len());
+        assert!(set.contains(63) && set.contains(0) && !set.contains(1) && !set.contains(64));
+        assert!(CopySet::of(4, |_| false).is_empty());
+    }
+
+    #[test]
+    fn pid_and_round_robin_cover_sparse_allowed_sets() {
+        // Copies 1 and 3 of 4 allowed: pid maps requesters onto those two,
+        // round-robin alternates between them.
+        let allowed = |c: usize| c == 1 || c == 3;
+        let mut pid = MirrorSelector::new(ReadPolicy::Pid, 4);
+        let copies: Vec<usize> = (0..4)
+            .map(|r| {
+                let req = ReadRequest {
+                    offset: 0,
+                    length: 4096,
+                    requester: r,
+                };
+                pid.choose_among(req, 0, allowed).unwrap().copy
+            })
+            .collect();
+        assert_eq!(copies, vec![1, 3, 1, 3]);
+        let mut rr = MirrorSelector::new(ReadPolicy::RoundRobin, 4);
+        let copies: Vec<usize> = (0..4u64)
+            .map(|i| {
+                let req = read(i * ROUND_ROBIN_RUN_BYTES, ROUND_ROBIN_RUN_BYTES);
+                rr.choose_among(req, 0, allowed).unwrap().copy
+            })
+            .collect();
+        assert_eq!(copies, vec![1, 3, 1, 3]);
     }
 
     #[test]
