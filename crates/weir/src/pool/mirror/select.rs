@@ -318,11 +318,17 @@ impl MirrorSelector {
 
     fn fastest(&self, usable: CopySet, read: ReadRequest, now: Nanos) -> usize {
         // A probe: a copy not heard from lately, with nothing in flight.
+        // Never a read that continues a run: it would move a sequential
+        // stream to the probed copy, and there it can wait long behind
+        // other work (measured on this VM: the kernel's mq-deadline held
+        // such a read for its 500 ms read deadline while the stream's
+        // neighbours went first).
+        let in_a_run = usable.iter().any(|c| self.continues_run(c, read));
         if let Some(stale) = usable
             .iter()
             .filter(|&c| {
                 let s = &self.copies[c];
-                s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
+                !in_a_run && s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
             })
             .min_by_key(|&c| self.copies[c].last_heard)
         {
@@ -465,6 +471,30 @@ mod tests {
             selector.completed(choice, 100_000, now);
         }
         assert!(copies.windows(2).all(|w| w[0] == w[1]), "{copies:?}");
+    }
+
+    #[test]
+    fn probes_do_not_take_reads_from_a_run() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
+        // A sequential stream for 1 s, ten probe intervals, as fast as
+        // the random reads were.
+        let service = 100_000;
+        let mut now = 10 * NANOS_PER_MS;
+        let first = selector.choose(read(1 << 30, 1 << 20), now).unwrap();
+        now += service;
+        selector.completed(first, service, now);
+        for i in 1..10_000u64 {
+            let choice = selector
+                .choose(read((1 << 30) + (i << 20), 1 << 20), now)
+                .unwrap();
+            assert_eq!(choice.copy, first.copy, "read {i} left the run");
+            now += service;
+            selector.completed(choice, service, now);
+        }
+        // A read outside the run probes the copy not heard from.
+        let other = selector.choose(read(7 << 20, 4096), now).unwrap();
+        assert_ne!(other.copy, first.copy);
     }
 
     #[test]
