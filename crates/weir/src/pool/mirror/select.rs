@@ -324,14 +324,14 @@ impl MirrorSelector {
         // such a read for its 500 ms read deadline while the stream's
         // neighbours went first).
         let in_a_run = usable.iter().any(|c| self.continues_run(c, read));
-        if let Some(stale) = usable
+        let stale = usable
             .iter()
             .filter(|&c| {
                 let s = &self.copies[c];
-                !in_a_run && s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
+                s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
             })
-            .min_by_key(|&c| self.copies[c].last_heard)
-        {
+            .min_by_key(|&c| self.copies[c].last_heard);
+        if let Some(stale) = stale.filter(|_| !in_a_run) {
             return stale;
         }
         // Before any copy is measured, a run stays where it is and other
