@@ -194,28 +194,6 @@ class Serving(PoolTest):
         with self.serve() as w:  # checksums were persisted by the shutdown flush
             run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"))
 
-    def test_a_kernel_scheduler_under_the_pool_is_named_in_the_log(self):
-        self.make_pool()
-        dev = os.stat(self.dir).st_dev
-        sysfs = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-        scheduler = None
-        for queue in ("queue", "../queue"):
-            try:
-                with open(f"{sysfs}/{queue}/scheduler") as f:
-                    scheduler = f.read().split("[")[1].split("]")[0]
-                break
-            except (OSError, IndexError):
-                continue
-        with self.serve() as w:
-            run("nbdinfo", w.uri("tank/disk"))
-            logs = w.logs()
-        warned = "the kernel's I/O scheduler reorders this pool's I/O" in logs
-        if scheduler in (None, "none"):
-            self.assertFalse(warned, logs)
-        else:
-            self.assertTrue(warned, logs)
-            self.assertIn(f'scheduler="{scheduler}"', logs)
-
     def test_both_copies_bad_gives_eio_never_wrong_data(self):
         a, b = self.make_pool()
         with self.serve() as w:

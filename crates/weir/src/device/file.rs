@@ -185,45 +185,6 @@ fn queue_attribute(dev: u64, name: &str) -> Option<String> {
     })
 }
 
-/// The kernel's I/O scheduler in front of `path` (the disk of a block
-/// device, or the one holding a file), and that disk's name, when it is
-/// not `none`. A pool member's device queue orders its I/O already; a
-/// kernel scheduler behind it can undo that, and mq-deadline holds a read
-/// that is away from a sequential stream until its 500 ms read deadline.
-pub fn kernel_scheduler_in_the_way(path: &Path) -> Option<(String, String)> {
-    let meta = std::fs::metadata(path).ok()?;
-    let dev = if meta.file_type().is_block_device() {
-        meta.rdev()
-    } else {
-        meta.dev()
-    };
-    let scheduler = active_scheduler(&queue_attribute(dev, "scheduler")?)?;
-    if scheduler == "none" {
-        return None;
-    }
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let disk = ["", "/.."]
-        .iter()
-        .filter_map(|up| {
-            let uevent =
-                std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}{up}/uevent"))
-                    .ok()?;
-            let is_disk = uevent.lines().any(|l| l == "DEVTYPE=disk");
-            let name = uevent.lines().find_map(|l| l.strip_prefix("DEVNAME="))?;
-            is_disk.then(|| name.to_string())
-        })
-        .next()
-        .unwrap_or_else(|| format!("{major}:{minor}"));
-    Some((disk, scheduler))
-}
-
-/// The scheduler sysfs marks as active: `mq-deadline kyber [none]`.
-fn active_scheduler(list: &str) -> Option<String> {
-    list.split_whitespace()
-        .find_map(|word| word.strip_prefix('[')?.strip_suffix(']'))
-        .map(str::to_string)
-}
-
 /// The file offset alignment O_DIRECT needs, from statx where the kernel
 /// reports it.
 fn dio_alignment(fd: RawFd) -> u32 {
@@ -352,39 +313,5 @@ pub(super) fn outcome(op: DeviceOp, result: io::Result<()>) -> Outcome {
         result,
         buf,
         hole: false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_active_scheduler_is_the_bracketed_one() {
-        assert_eq!(
-            active_scheduler("none [mq-deadline] kyber bfq").as_deref(),
-            Some("mq-deadline")
-        );
-        assert_eq!(
-            active_scheduler("[none] mq-deadline").as_deref(),
-            Some("none")
-        );
-        assert_eq!(active_scheduler("none"), None);
-    }
-
-    #[test]
-    fn a_file_on_tmpfs_has_no_kernel_scheduler_in_the_way() {
-        // tmpfs is no block device: nothing to report, and no panic.
-        let path = std::env::temp_dir().join(format!("weir-sched-{}", std::process::id()));
-        if std::fs::metadata("/dev/shm").is_ok() {
-            let shm = Path::new("/dev/shm").join(path.file_name().unwrap());
-            std::fs::write(&shm, b"x").unwrap();
-            assert_eq!(kernel_scheduler_in_the_way(&shm), None);
-            std::fs::remove_file(&shm).unwrap();
-        }
-        assert_eq!(
-            kernel_scheduler_in_the_way(Path::new("/nonexistent/weir")),
-            None
-        );
     }
 }

@@ -10,7 +10,6 @@ use anyhow::{bail, Context};
 use super::admin::{self, Imported};
 use super::geometry::{allocate, DeviceRegions, Stripe, CHUNK_BYTES, VOLUME_TABLE_BYTES};
 use super::volume_table::{check_volume_name, VolumeEntry, VolumeTable, VOLUMES_MAX};
-use crate::device::spec::DeviceSpec;
 use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 
 /// `POOL/NAME`
@@ -175,7 +174,6 @@ pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
                 "serving a pool that is not ONLINE; see weir pool status"
             );
         }
-        warn_of_kernel_schedulers(&pool_name, &pool);
         for entry in &table.volumes {
             let volume = super::mirror::PoolVolume::new(Arc::clone(&data), entry)?;
             out.push((format!("{pool_name}/{}", entry.name), Arc::new(volume)));
@@ -183,34 +181,6 @@ pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
         pools.push(data);
     }
     Ok((pools, out))
-}
-
-/// One log line per disk under the pool whose kernel I/O scheduler would
-/// reorder what the pool's device queues have ordered.
-fn warn_of_kernel_schedulers(pool_name: &str, pool: &Imported) {
-    let mut disks: Vec<(String, String)> = pool
-        .members
-        .iter()
-        .flatten()
-        .filter_map(
-            |(text, _)| match DeviceSpec::parse(text.as_deref()?).ok()? {
-                DeviceSpec::File(path) => crate::device::file::kernel_scheduler_in_the_way(&path),
-                _ => None,
-            },
-        )
-        .collect();
-    disks.sort();
-    disks.dedup();
-    for (disk, scheduler) in disks {
-        tracing::warn!(
-            pool = pool_name,
-            disk = disk.as_str(),
-            scheduler = scheduler.as_str(),
-            "the kernel's I/O scheduler reorders this pool's I/O after weir's queue has ordered it \
-             (mq-deadline can hold a read for 500 ms); weir works best with \
-             `echo none > /sys/block/{disk}/queue/scheduler`"
-        );
-    }
 }
 
 /// Every volume of every registered pool (or of one).
