@@ -23,9 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use super::label::{choose, Label, LabelError, Layout};
 use super::members::{read_labels, write_labels};
-use super::mirror::select::COPIES_MAX;
 use crate::device::{self, Device, DeviceSpec, IoEngine};
-use crate::pool::mirror::select::ReadPolicy;
+use crate::pool::mirror::select::{ReadPolicy, COPIES_MAX};
 use crate::sched::Mode;
 
 /// Smaller devices cannot hold labels, metadata and useful data.
