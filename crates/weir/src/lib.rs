@@ -27,5 +27,6 @@ pub mod pool;
 pub mod sched;
 pub mod server;
 pub mod sim;
+pub mod spin_trial;
 pub mod units;
 pub mod volume;

@@ -7,9 +7,10 @@
 //! then costs the same wakeups as in a single-threaded event loop: one for
 //! the request, one for its completion.
 //!
-//! The ring is set up with `SINGLE_ISSUER | DEFER_TASKRUN` where the kernel
-//! has them, so completions are only posted when this thread asks for them
-//! and never interrupt it mid-read.
+//! The ring is set up with `SINGLE_ISSUER | DEFER_TASKRUN | TASKRUN_FLAG`
+//! where the kernel has them, so completions are only posted when this
+//! thread asks for them and never interrupt it mid-read, and a thread can
+//! see from shared memory that some are pending ([`ThreadRing::wait_spinning`]).
 //!
 //! A thread that is about to block waiting for an op it submits (the
 //! read-modify-write slow path) wraps the wait in [`without_thread_ring`]:
@@ -20,6 +21,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -44,6 +46,8 @@ struct State {
     poll_armed: bool,
     /// Ops ever submitted through this ring.
     submitted_total: u64,
+    /// Ops ever finished on this ring.
+    completed_total: u64,
 }
 
 impl State {
@@ -52,6 +56,17 @@ impl State {
         // absent, for polls) until its CQE has been reaped.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             self.overflow.push_back(entry);
+        }
+    }
+
+    /// Watch `fd` for data through a poll op, unless one is armed.
+    fn arm_poll(&mut self, fd: RawFd) {
+        if !self.poll_armed {
+            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .build()
+                .user_data(POLL_TOKEN);
+            self.push(poll);
+            self.poll_armed = true;
         }
     }
 
@@ -78,7 +93,14 @@ impl ThreadRing {
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
+            .setup_taskrun_flag()
             .build(RING_ENTRIES)
+            .or_else(|_| {
+                IoUring::builder()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .build(RING_ENTRIES)
+            })
             .or_else(|_| IoUring::new(RING_ENTRIES))?;
         let state = Rc::new(RefCell::new(State {
             ring,
@@ -86,6 +108,7 @@ impl ThreadRing {
             overflow: VecDeque::new(),
             poll_armed: false,
             submitted_total: 0,
+            completed_total: 0,
         }));
         CURRENT.with(|current| {
             let mut current = current.borrow_mut();
@@ -101,6 +124,11 @@ impl ThreadRing {
         self.state.borrow().submitted_total
     }
 
+    /// Ops ever finished on this ring: a caller can measure its rate.
+    pub fn completed_total(&self) -> u64 {
+        self.state.borrow().completed_total
+    }
+
     /// Ops submitted through this ring and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.state.borrow().flight.in_flight()
@@ -113,6 +141,16 @@ impl ThreadRing {
     /// Callers wait only while ops are in flight or `readable` is given;
     /// otherwise nothing would ever wake the thread.
     pub fn wait(&self, readable: Option<RawFd>) -> bool {
+        wait(&self.state, readable)
+    }
+
+    /// As [`wait`](Self::wait), but first watch the ring's shared memory
+    /// for up to `window` for a completion (or `readable`'s poll) to be
+    /// pending, so that one arriving soon is taken without sleeping.
+    pub fn wait_spinning(&self, readable: Option<RawFd>, window: Duration) -> bool {
+        if !window.is_zero() {
+            spin_until_pending(&self.state, readable, window);
+        }
         wait(&self.state, readable)
     }
 }
@@ -136,13 +174,7 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
             "waiting on an idle ring would never return"
         );
         if let Some(fd) = readable {
-            if !state.poll_armed {
-                let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-                    .build()
-                    .user_data(POLL_TOKEN);
-                state.push(poll);
-                state.poll_armed = true;
-            }
+            state.arm_poll(fd);
         }
         state.refill();
         enter(&state.ring, 1);
@@ -167,6 +199,7 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
                 Step::Finished(done, outcome) => finished.push((done, outcome)),
             }
         }
+        state.completed_total += finished.len() as u64;
         if resubmitted {
             // The caller may block elsewhere next; the rest of a short
             // transfer must not wait for it.
@@ -181,6 +214,28 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
     // A poll armed before an earlier blocking read may report data that
     // read already took; only trust readiness that holds now.
     fired && readable.is_some_and(readable_now)
+}
+
+/// Submit what is queued, then watch the ring's shared memory (no system
+/// calls) until a completion is pending or `window` has passed. With
+/// `DEFER_TASKRUN` a finished op is only flagged (`TASKRUN_FLAG`) until the
+/// next `io_uring_enter` posts it, so the flag counts as pending too.
+fn spin_until_pending(state: &RefCell<State>, readable: Option<RawFd>, window: Duration) {
+    let mut state = state.borrow_mut();
+    if let Some(fd) = readable {
+        state.arm_poll(fd);
+    }
+    state.refill();
+    if !state.ring.submission().is_empty() {
+        enter(&state.ring, 0);
+    }
+    let deadline = Instant::now() + window;
+    while !state.ring.submission().taskrun()
+        && state.ring.completion().is_empty()
+        && Instant::now() < deadline
+    {
+        std::hint::spin_loop();
+    }
 }
 
 /// Submit the queue and wait for `want` completions. Transient refusals

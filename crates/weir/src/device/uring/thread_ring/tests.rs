@@ -122,6 +122,46 @@ fn waiting_reports_a_readable_socket_while_ops_are_in_flight() {
 }
 
 #[test]
+fn spinning_waits_take_completions_and_socket_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = file_device(&dir);
+    within_10s(move || {
+        let (mut client, server) = UnixStream::pair().unwrap();
+        let ring = ThreadRing::enter().unwrap();
+        let window = Duration::from_millis(50);
+        let (tx, rx) = mpsc::channel();
+        for i in 0..8u64 {
+            let tx = tx.clone();
+            let op = DeviceOp::Read {
+                offset: i * 4096,
+                buf: AlignedBuf::new(4096),
+            };
+            device.submit(op, Box::new(move |o| tx.send(o.result.is_ok()).unwrap()));
+        }
+        let before = ring.completed_total();
+        while ring.in_flight() > 0 {
+            assert!(!ring.wait_spinning(Some(server.as_raw_fd()), window));
+        }
+        assert_eq!(ring.completed_total() - before, 8);
+        assert_eq!(rx.try_iter().filter(|ok| *ok).count(), 8);
+        // With an op in flight and data on the socket, a spinning wait
+        // reports the socket once its poll completes.
+        client.write_all(b"x").unwrap();
+        device.submit(
+            DeviceOp::Read {
+                offset: 0,
+                buf: AlignedBuf::new(4096),
+            },
+            Box::new(|o| o.result.unwrap()),
+        );
+        let mut readable = false;
+        while !readable {
+            readable = ring.wait_spinning(Some(server.as_raw_fd()), window);
+        }
+    });
+}
+
+#[test]
 fn slow_path_behind_own_in_flight_write_does_not_deadlock() {
     // An aligned write holds its range lock until its completion is reaped;
     // an overlapping unaligned write on the same thread then waits for that
