@@ -321,6 +321,11 @@ impl IoQueue {
         match done.mode {
             Mode::Zfs => self.zfs.completed(done.class),
             Mode::Adaptive => {
+                let interactive_active = self.active[IoClass::SyncRead as usize]
+                    + self.active[IoClass::SyncWrite as usize];
+                if done.class.is_sync() && interactive_active == 0 {
+                    self.adaptive.interactive_drained(now);
+                }
                 self.adaptive
                     .completed(done.class, done.token, latency, done.length, now)
             }

@@ -240,3 +240,55 @@ fn adaptive_sends_one_background_io_at_a_time_until_it_has_measured_one() {
         "still one while it is out"
     );
 }
+
+/// Scrub I/Os sent while a read was in the device, over reads 20-99 of a
+/// pattern where each read takes 1 ms and is followed by `gap_ns` with
+/// background alone.
+fn background_passing_reads(gap_ns: u64) -> usize {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let mut now = clean_reads(&mut queue, 0, 1_000_000);
+    for id in 0..2000 {
+        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
+    }
+    let mut passed = 0;
+    for id in 0..100 {
+        queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 20, 4096), now);
+        let with_read = drain(&mut queue, now);
+        assert_eq!(
+            with_read[0].class,
+            IoClass::SyncRead,
+            "interactive goes first"
+        );
+        if id >= 20 {
+            passed += with_read
+                .iter()
+                .filter(|d| d.class == IoClass::Scrub)
+                .count();
+        }
+        now += 1_000_000;
+        for d in with_read {
+            queue.complete(d.id, now);
+        }
+        if gap_ns > 0 {
+            let alone = drain(&mut queue, now);
+            now += gap_ns;
+            for d in alone {
+                queue.complete(d.id, now);
+            }
+        }
+    }
+    passed
+}
+
+#[test]
+fn adaptive_lets_background_pass_dense_interactive_work_only() {
+    assert_eq!(
+        background_passing_reads(10_000_000),
+        0,
+        "gaps ten times the busy periods: background waits for the read"
+    );
+    assert!(
+        background_passing_reads(0) > 0,
+        "back-to-back reads: background passes them as far as the depth allows"
+    );
+}
