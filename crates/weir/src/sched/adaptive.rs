@@ -178,9 +178,17 @@ impl Adaptive {
     /// from 1.8-2.0x to 1.2-1.4x its idle p99 in the simulator, and the
     /// scrub went faster (0.69-0.70x of its idle rate, from 0.62-0.67x),
     /// since reads no longer waited behind pieces that overtook them.
-    fn background_may_pass(&self) -> bool {
+    ///
+    /// A busy period still going counts at its length so far: averages
+    /// from a light load must not hold background back from a saturating
+    /// one that followed it (measured in real time, where one device queue
+    /// serves every run: the QD32 reader's scrub fell to nothing).
+    fn background_may_pass(&self, now: Nanos) -> bool {
+        let ongoing = self
+            .busy_since
+            .map_or(0.0, |since| now.saturating_sub(since) as f64);
         match (self.busy_period.get(), self.gap_period.get()) {
-            (Some(busy), Some(gap)) => gap <= busy * (TARGET_FACTOR - 1.0),
+            (Some(busy), Some(gap)) => gap <= busy.max(ongoing) * (TARGET_FACTOR - 1.0),
             // Not measured yet: as dense interactive work.
             _ => true,
         }
@@ -266,7 +274,11 @@ impl Adaptive {
         let interactive_active =
             queued[IoClass::SyncRead as usize].active + queued[IoClass::SyncWrite as usize].active;
         let share_due = self.depth < 1.0 && self.share_due(background_active(queued), now);
-        let may_pass = if self.background_may_pass() { limit } else { 0 };
+        let may_pass = if self.background_may_pass(now) {
+            limit
+        } else {
+            0
+        };
         if interactive_active > 0 && self.background_since_interactive >= may_pass && !share_due {
             // Interactive I/O in the device must not see more background
             // overtake it than the depth allows (none, when it is light).

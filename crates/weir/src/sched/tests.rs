@@ -246,14 +246,20 @@ fn adaptive_sends_one_background_io_at_a_time_until_it_has_measured_one() {
 /// background alone.
 fn background_passing_reads(gap_ns: u64) -> usize {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
-    let mut now = clean_reads(&mut queue, 0, 1_000_000);
+    light_then(&mut queue, gap_ns).1
+}
+
+/// Runs that pattern on `queue`; returns the time and the count.
+fn light_then(queue: &mut IoQueue, gap_ns: u64) -> (u64, usize) {
+    let queue = &mut *queue;
+    let mut now = clean_reads(queue, 0, 1_000_000);
     for id in 0..2000 {
         queue.enqueue(io(1000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
     }
     let mut passed = 0;
     for id in 0..100 {
         queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 20, 4096), now);
-        let with_read = drain(&mut queue, now);
+        let with_read = drain(queue, now);
         assert_eq!(
             with_read[0].class,
             IoClass::SyncRead,
@@ -270,14 +276,14 @@ fn background_passing_reads(gap_ns: u64) -> usize {
             queue.complete(d.id, now);
         }
         if gap_ns > 0 {
-            let alone = drain(&mut queue, now);
+            let alone = drain(queue, now);
             now += gap_ns;
             for d in alone {
                 queue.complete(d.id, now);
             }
         }
     }
-    passed
+    (now, passed)
 }
 
 #[test]
@@ -291,4 +297,29 @@ fn adaptive_lets_background_pass_dense_interactive_work_only() {
         background_passing_reads(0) > 0,
         "back-to-back reads: background passes them as far as the depth allows"
     );
+}
+
+#[test]
+fn adaptive_passes_a_saturating_load_that_follows_a_light_one() {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let (mut now, passed) = light_then(&mut queue, 10_000_000);
+    assert_eq!(passed, 0);
+    // Now reads overlap, so one is always in the device: the busy period
+    // never ends, and background must pass it once it outlasts the gaps.
+    let mut in_device = Vec::new();
+    let mut scrub_beside = 0;
+    for id in 0..200 {
+        queue.enqueue(io(5000 + id, IoClass::SyncRead, (id * 13) << 20, 4096), now);
+        let ds = drain(&mut queue, now);
+        scrub_beside += ds.iter().filter(|d| d.class == IoClass::Scrub).count();
+        in_device.extend(ds.iter().map(|d| d.id));
+        now += 1_000_000;
+        // Everything but the newest read completes.
+        let newest = in_device.pop().expect("the read was sent");
+        for id in in_device.drain(..) {
+            queue.complete(id, now);
+        }
+        in_device.push(newest);
+    }
+    assert!(scrub_beside > 0, "a saturating reader starved the scrub");
 }
