@@ -6,7 +6,7 @@
 //! ```text
 //!   jobs (closed loop: qd in flight; open loop: Poisson arrivals)
 //!     │ one device, or a mirror: reads to the copy a read policy picks, writes
-//!     │ to every copy, scrub reads every copy in LBA order
+//!     │ to every copy, scrub reads each copy in LBA order on its own
 //!     ▼                                                   ▲ completions
 //!   sched::IoQueue per device (fifo / zfs / adaptive) ────┤
 //!     ▼ next_to_issue(now)                                │
@@ -22,6 +22,7 @@ use crate::bench::job::{Generator, JobSpec};
 use crate::bench::stats::LatencyStats;
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
 use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadRequest};
+use crate::pool::scrub::COPY_LEAD_MAX_CHUNKS;
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
 
 /// The width of one step of each device's share of reads over time.
@@ -84,6 +85,9 @@ struct Pending {
     fails: bool,
     /// Device I/Os (copies) still to complete.
     parts_left: u32,
+    /// For a scrub read, the copy it read: the scrub's next read goes to
+    /// the same device, so each device keeps its own reads in flight.
+    scrub_device: Option<usize>,
 }
 
 struct SimDevice {
@@ -92,6 +96,9 @@ struct SimDevice {
     queue: IoQueue,
     /// Where a scrub of this device reads next.
     scrub_at: u64,
+    /// Scrub reads sent to this device, and the bytes of those done.
+    scrub_reads: u64,
+    scrub_done_bytes: u64,
 }
 
 pub struct Simulation {
@@ -104,8 +111,10 @@ pub struct Simulation {
     /// Closed-loop jobs thinking: (when, job index).
     thinking: BinaryHeap<Reverse<(Nanos, usize)>>,
     next_id: u64,
-    /// Scrub I/Os go round the copies.
+    /// A scrub's first I/Os go round the copies; after that each goes to
+    /// the device whose scrub read just finished (`scrub_next`).
     scrub_turn: usize,
+    scrub_next: Option<usize>,
     /// Which copy serves each client read of a mirror (latency unless
     /// `with_read_policy` says otherwise), as in a pool.
     selector: MirrorSelector,
@@ -177,6 +186,8 @@ impl Simulation {
                 spec: spec.clone(),
                 queue: IoQueue::new(mode, spec.rotational()),
                 scrub_at: 0,
+                scrub_reads: 0,
+                scrub_done_bytes: 0,
             })
             .collect();
         Ok(Simulation {
@@ -188,6 +199,7 @@ impl Simulation {
             thinking: BinaryHeap::new(),
             next_id: 1,
             scrub_turn: 0,
+            scrub_next: None,
             selector: MirrorSelector::new(ReadPolicy::default(), specs.len()),
             choices: HashMap::new(),
             reads_per_device: vec![0; specs.len()],
@@ -250,6 +262,7 @@ impl Simulation {
                 self.dispatch(index, now);
             }
         }
+        self.count_scrub_progress();
         let read_timeline = self
             .reads_timeline
             .iter()
@@ -280,6 +293,29 @@ impl Simulation {
                 .chain(d.queue.next_deadline(self.now))
         });
         jobs.chain(devices).chain(failing).chain(thinking).min()
+    }
+
+    /// A mirror's scrub has scrubbed what every copy has read: bytes a copy
+    /// read ahead of the slowest are not progress yet. So a scrub stream
+    /// counts the slowest copy's bytes once per copy.
+    fn count_scrub_progress(&mut self) {
+        let copies = self.devices.len() as u64;
+        let scrubs = self
+            .jobs
+            .iter()
+            .filter(|j| Self::class_of(&j.result.job, IoKind::Read) == IoClass::Scrub)
+            .count();
+        if copies < 2 || scrubs != 1 {
+            return;
+        }
+        let slowest = self.devices.iter().map(|d| d.scrub_done_bytes).min();
+        if let Some(job) = self
+            .jobs
+            .iter_mut()
+            .find(|j| Self::class_of(&j.result.job, IoKind::Read) == IoClass::Scrub)
+        {
+            job.result.bytes = slowest.unwrap_or(0) * copies;
+        }
     }
 
     /// Send what the device's queue lets go.
@@ -363,10 +399,22 @@ impl Simulation {
             return (0..copies).map(|d| (d, offset, None)).collect();
         }
         if matches!(class, IoClass::Scrub | IoClass::Resilver) {
-            // A scrub reads every copy, each in LBA order.
-            let index = self.scrub_turn % copies;
-            self.scrub_turn += 1;
+            // A scrub reads every copy, each in LBA order on its own, as a
+            // pool's does: no copy more than the pool's lead ahead.
+            let mut index = self.scrub_next.take().unwrap_or_else(|| {
+                self.scrub_turn += 1;
+                (self.scrub_turn - 1) % copies
+            });
+            let slowest = (0..copies)
+                .min_by_key(|d| self.devices[*d].scrub_reads)
+                .expect("a mirror has copies");
+            if self.devices[index].scrub_reads
+                >= self.devices[slowest].scrub_reads + COPY_LEAD_MAX_CHUNKS
+            {
+                index = slowest;
+            }
             let device = &mut self.devices[index];
+            device.scrub_reads += 1;
             if device.scrub_at + length > device.spec.size_bytes {
                 device.scrub_at = 0;
             }
@@ -416,6 +464,8 @@ impl Simulation {
                 bytes: length,
                 fails: false,
                 parts_left: targets.len() as u32,
+                scrub_device: matches!(class, IoClass::Scrub | IoClass::Resilver)
+                    .then(|| targets[0].0),
             },
         );
         let client_read =
@@ -487,6 +537,10 @@ impl Simulation {
             .pending
             .remove(&id)
             .expect("completed request was pending");
+        self.scrub_next = pending.scrub_device;
+        if let (Some(device), false) = (pending.scrub_device, pending.fails) {
+            self.devices[device].scrub_done_bytes += pending.bytes;
+        }
         let job = &mut self.jobs[pending.job];
         job.in_flight -= 1;
         if pending.fails {

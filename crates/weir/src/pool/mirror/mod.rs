@@ -51,7 +51,7 @@ use crate::sched::{DeviceQueue, Mode};
 use select::{MirrorSelector, ReadPolicy};
 
 pub use health::Health;
-pub use repair::ScrubResult;
+pub use repair::{CopyScrub, ScrubResult};
 pub use volume::PoolVolume;
 
 /// Threads per pool that run ops. Each waits on the devices for its op, so

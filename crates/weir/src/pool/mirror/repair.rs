@@ -26,6 +26,18 @@ pub struct ScrubResult {
     pub unrecoverable: u64,
 }
 
+/// What the scrub read of one copy of a chunk found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyScrub {
+    /// Every allocated block read and verified; the bytes read.
+    Clean(u64),
+    /// A block did not read or verify: the chunk needs the repairing scrub
+    /// of every copy (`scrub_chunk_repair`).
+    Suspect,
+    /// The member holds no complete copy any more (faulted or replaced).
+    Gone,
+}
+
 /// A scrub read of the whole of `chunk` on each of `members`.
 fn chunk_reads(
     members: &[(usize, Arc<Attached>)],
@@ -59,6 +71,56 @@ impl PoolData {
             }
         }
         // Something to narrow or repair: again, with writes held off.
+        let _guard = lock.write();
+        self.scrub_chunk_repairing(group_index, chunk)
+    }
+
+    /// Members whose copies a scrub of `group_index` reads.
+    pub fn scrub_copies(&self, group_index: usize) -> Vec<usize> {
+        self.groups[group_index]
+            .readable()
+            .into_iter()
+            .map(|(slot, _)| slot)
+            .collect()
+    }
+
+    /// Read and verify one copy (member `slot`) of one chunk, beside
+    /// client I/O to it. The scrub reads each copy on its own, so that a
+    /// copy slowed by client reads holds no other device idle.
+    pub fn scrub_copy(&self, group_index: usize, slot: usize, chunk: u64) -> CopyScrub {
+        let lock = &self.locks[self.stripe_of(group_index, chunk)];
+        let _shared = lock.read();
+        let group = &self.groups[group_index];
+        let first = (chunk * BLOCKS_PER_CHUNK) as usize;
+        let sums: Vec<BlockSum> =
+            group.state.lock().sums[first..first + BLOCKS_PER_CHUNK as usize].to_vec();
+        if sums.iter().all(|s| *s == BlockSum::Zero) {
+            return CopyScrub::Clean(0);
+        }
+        let Some((_, member)) = group.readable().into_iter().find(|(i, _)| *i == slot) else {
+            return CopyScrub::Gone;
+        };
+        let ops = chunk_reads(&[(slot, member)], chunk);
+        let outcome = run_all(ops).pop().expect("one op, one outcome");
+        let Some(buf) = outcome.result.ok().and(outcome.buf) else {
+            return CopyScrub::Suspect;
+        };
+        let clean = sums.iter().enumerate().all(|(block, sum)| {
+            let at = block * DATA_BLOCK_BYTES as usize;
+            *sum == BlockSum::Zero
+                || sum.verifies(&buf.as_slice()[at..at + DATA_BLOCK_BYTES as usize])
+        });
+        if clean {
+            CopyScrub::Clean(CHUNK_BYTES)
+        } else {
+            CopyScrub::Suspect
+        }
+    }
+
+    /// The repairing scrub of every copy of a chunk, with writes to it
+    /// held off: for a chunk that `scrub_copy` found suspect.
+    pub fn scrub_chunk_repair(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        let lock = &self.locks[self.stripe_of(group_index, chunk)];
         let _guard = lock.write();
         self.scrub_chunk_repairing(group_index, chunk)
     }

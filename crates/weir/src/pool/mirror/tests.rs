@@ -278,3 +278,52 @@ fn reads_use_a_resilvering_copy_only_where_the_resilver_has_been() {
     }
     assert_eq!(reads_of_1(), 4, "half the reads of the chunks it has");
 }
+
+#[test]
+fn a_scrub_reading_each_copy_on_its_own_repairs_each_bad_block_once() {
+    use crate::pool::scrub::{Checkpoint, Scrub, ScrubState};
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    let chunks = pool.chunks_per_group();
+    assert!(chunks >= 3, "room for three bad chunks");
+    let length = (chunks * CHUNK_BYTES) as usize;
+    pool.write(0, &pattern(9, length), true).unwrap();
+    // Copy 0 bad in chunk 0, copy 1 in chunk 1, both copies of one block
+    // in chunk 2 (nothing good left of it).
+    let start = fixture.data_start();
+    let block_at = |chunk: u64, block: u64| start + chunk * CHUNK_BYTES + block * DATA_BLOCK_BYTES;
+    fixture.disks[0].flip_bit(block_at(0, 3) + 17, 2);
+    fixture.disks[1].flip_bit(block_at(1, 5) + 900, 6);
+    fixture.disks[0].flip_bit(block_at(2, 7), 0);
+    fixture.disks[1].flip_bit(block_at(2, 7) + 4000, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        let scrub = Scrub::spawn(&pool, dir.path(), Checkpoint::new(&pool));
+        let done = scrub.wait_while(ScrubState::Running);
+        scrub.shutdown();
+        done
+    };
+    let first = run();
+    assert_eq!(first.state, ScrubState::Finished);
+    assert_eq!(first.chunks_done, first.chunks_total);
+    assert_eq!(first.repaired, 2, "one bad block on each copy: {first:?}");
+    assert_eq!(
+        first.unrecoverable, 1,
+        "counted once, not per copy: {first:?}"
+    );
+    assert!(
+        first.bytes_read >= 2 * chunks * CHUNK_BYTES,
+        "every copy of every chunk read: {first:?}"
+    );
+    assert_eq!(
+        fixture.disks[0].peek(start, 2 * CHUNK_BYTES as usize),
+        fixture.disks[1].peek(start, 2 * CHUNK_BYTES as usize),
+        "the repaired chunks agree"
+    );
+    let second = run();
+    assert_eq!(
+        (second.repaired, second.unrecoverable),
+        (0, 1),
+        "{second:?}"
+    );
+}
