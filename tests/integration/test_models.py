@@ -3,13 +3,35 @@ simulated scenarios meet their bars; faults change at run time."""
 
 import json
 import os
+import struct
 import tempfile
 import time
 import unittest
+import zlib
 
 import nbd
 
 from weirtest import WEIR, Weir, run
+
+
+def png_pixels(path):
+    """Width, height and the raw scanlines of a PNG, decoded by Python's zlib
+    (not weir's code), with every chunk's CRC checked."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    at, idat, size = 8, b"", None
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        assert zlib.crc32(kind + body) == crc, (path, kind)
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        at += 12 + length
+    return size[0], size[1], zlib.decompress(idat)
 
 
 def fio_json(uri, *args, runtime=4):
@@ -122,6 +144,15 @@ class Bench(unittest.TestCase):
                     for s in r["streams"]:
                         self.assertEqual(set(s["latency_us"]), {"mean", "p50", "p90", "p99", "p99_9", "max"})
                         self.assertEqual(sum(s["histogram_log2_us"]), s["ops"])
+            # The plot decodes with a standard inflater, and `weir bench plot`
+            # draws the same pixels again from the saved report.
+            plot = os.path.join(out, "scrub-vs-randread-sim.png")
+            width, height, pixels = png_pixels(plot)
+            self.assertEqual(len(pixels), height * (1 + 3 * width))
+            self.assertLess(os.path.getsize(plot), len(pixels) // 20)
+            again = os.path.join(out, "again.png")
+            run(WEIR, "bench", "plot", os.path.join(out, "scrub-vs-randread-sim.json"), "--out", again)
+            self.assertEqual(png_pixels(again), (width, height, pixels))
             first = run(WEIR, "bench", "scrub-vs-randread", "--seed", "5").stdout
             again = run(WEIR, "bench", "scrub-vs-randread", "--seed", "5").stdout
             self.assertEqual(first, again)
@@ -144,6 +175,14 @@ class Bench(unittest.TestCase):
                      check=False)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("rw=sideways", result.stderr)
+
+    def test_plot_refuses_a_file_that_is_not_a_report(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            f.write('{"runs": "no"}')
+            f.flush()
+            result = run(WEIR, "bench", "plot", f.name, check=False)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("is not a weir bench report", result.stderr)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,17 @@ pub enum BenchCommand {
     MirrorReads(ScenarioArgs),
     /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
     QueueOverhead(OverheadArgs),
+    /// Draw a saved JSON report's latency histograms again, as a PNG beside it.
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+pub struct PlotArgs {
+    /// A report written by --out or --json.
+    report: PathBuf,
+    /// Where the PNG goes (default: the report's path with .png).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -110,7 +121,21 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WritebackVsRandread(args) => {
             scenario(args, 10.0, scenarios::writeback_vs_randread)
         }
+        BenchCommand::Plot(args) => plot(args),
     }
+}
+
+fn plot(args: PlotArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.report)
+        .with_context(|| format!("cannot read {}", args.report.display()))?;
+    let report: Report = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a weir bench report", args.report.display()))?;
+    let png = args
+        .out
+        .unwrap_or_else(|| args.report.with_extension("png"));
+    super::plot::write(&report, &png).with_context(|| format!("cannot write {}", png.display()))?;
+    println!("wrote {}", png.display());
+    Ok(())
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -12,6 +12,7 @@
 //! ```
 
 pub mod cli;
+mod deflate;
 pub mod job;
 pub mod mirror_reads;
 pub mod nbd_client;

@@ -3,12 +3,12 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::stats::{LatencyStats, LatencySummary};
 use crate::sim::StreamResult;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub scenario: String,
     /// "sim" or "real".
@@ -18,7 +18,7 @@ pub struct Report {
     pub runs: Vec<Run>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Run {
     pub label: String,
     pub config: RunConfig,
@@ -37,7 +37,7 @@ pub struct Run {
 }
 
 /// Each device's share of the client reads, step by step through a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReadTimeline {
     pub step_ms: u64,
     /// One row per step, one share per device (in device order); a step
@@ -45,14 +45,14 @@ pub struct ReadTimeline {
     pub shares: Vec<Vec<f64>>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunConfig {
     /// The device spec (sim) or the NBD URI (real).
     pub target: String,
     pub jobs: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Stream {
     pub name: String,
     pub ops: u64,

@@ -2,7 +2,7 @@
 //! steps per power of two, so percentiles are within about 3%), plus the
 //! log2 buckets the reports print.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 const SUB_BUCKET_BITS: u32 = 5;
 const SUB_BUCKETS: usize = 1 << SUB_BUCKET_BITS;
@@ -53,7 +53,7 @@ fn upper_of(index: usize) -> u64 {
     ((SUB_BUCKETS as u64 + sub + 1) << shift) - 1
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     pub mean: f64,
     pub p50: f64,
