@@ -229,14 +229,21 @@ fn adaptive_sends_one_background_io_at_a_time_until_it_has_measured_one() {
         queue.enqueue(io(10 + id, IoClass::Scrub, (id + 1) << 20, 1 << 20), 0);
     }
     let first = drain(&mut queue, 0);
-    let scrub: Vec<_> = first.iter().filter(|d| d.class == IoClass::Scrub).collect();
+    let read = first
+        .iter()
+        .find(|d| d.class == IoClass::SyncRead)
+        .expect("the read goes at once");
+    let beside = first.iter().filter(|d| d.class == IoClass::Scrub).count();
+    assert!(beside <= 1, "nothing measured: at most one beside the read");
+    queue.complete(read.id, 1_000);
+    let after = drain(&mut queue, 1_000);
     assert_eq!(
-        scrub.len(),
+        beside + after.len(),
         1,
-        "nothing measured: one beside the read, not all four"
+        "one background I/O out once the read is done, not all four"
     );
     assert!(
-        drain(&mut queue, 1_000).is_empty(),
+        drain(&mut queue, 2_000).is_empty(),
         "still one while it is out"
     );
 }
@@ -322,4 +329,50 @@ fn adaptive_passes_a_saturating_load_that_follows_a_light_one() {
         in_device.push(newest);
     }
     assert!(scrub_beside > 0, "a saturating reader starved the scrub");
+}
+
+/// An adaptive queue on a rotating device that has measured a 4 KiB read
+/// at 10 ms alone, after 40 back-to-back reads with a scrub queued; the
+/// I/Os the scrub then has at the device.
+/// Returns the queue, the time, those pieces and the next free I/O id.
+fn rotating_queue_streaming_scrub() -> (IoQueue, u64, Vec<Dispatch>, u64) {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let mut now = clean_reads(&mut queue, 0, 10_000_000);
+    for id in 0..2000 {
+        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 16, 1 << 16), now);
+    }
+    // Back-to-back reads, each 10 ms: dense interactive work.
+    for id in 0..40 {
+        queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 30, 4096), now);
+        let issued = drain(&mut queue, now);
+        now += 10_000_000;
+        for d in issued {
+            queue.complete(d.id, now);
+        }
+    }
+    let at_device = drain(&mut queue, now);
+    (queue, now, at_device, 10_000)
+}
+
+#[test]
+fn adaptive_sends_nothing_behind_a_lone_read_the_drive_is_serving() {
+    // The scrub was held back beside the dense reads (the old rule let one
+    // I/O pass each read here). With no background at the device, a piece
+    // sent now would be served after the read, away from the head, and the
+    // reader's next read would wait for its seek back.
+    let (mut queue, now, at_device, id) = rotating_queue_streaming_scrub();
+    for d in &at_device {
+        queue.complete(d.id, now);
+    }
+    queue.enqueue(io(id, IoClass::SyncRead, 3 << 30, 4096), now);
+    let with_read = drain(&mut queue, now);
+    assert_eq!(
+        with_read.iter().map(|d| d.class).collect::<Vec<_>>(),
+        [IoClass::SyncRead],
+        "no background beside a read the drive is already serving"
+    );
+    // Once the read is done and the drive is free, the scrub goes on.
+    queue.complete(with_read[0].id, now + 10_000_000);
+    let after = drain(&mut queue, now + 10_000_000);
+    assert!(!after.is_empty() && after.iter().all(|d| d.class == IoClass::Scrub));
 }
