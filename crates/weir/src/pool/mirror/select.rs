@@ -159,9 +159,6 @@ struct CopyState {
     /// Background I/O (scrub, resilver) in the copy's device queue, queued
     /// or at the device, as the caller last reported it.
     background: u32,
-    /// When the copy was last chosen, counted in reads chosen: among equal
-    /// copies the one chosen longest ago goes first.
-    chosen_at: u64,
 }
 
 /// What the selector knows of one copy, for status and metrics.
@@ -182,8 +179,6 @@ pub struct MirrorSelector {
     copies: Vec<CopyState>,
     round_robin_copy: usize,
     round_robin_left: u64,
-    /// Reads chosen so far.
-    chosen: u64,
 }
 
 impl MirrorSelector {
@@ -194,7 +189,6 @@ impl MirrorSelector {
             copies: vec![CopyState::default(); copies],
             round_robin_copy: 0,
             round_robin_left: ROUND_ROBIN_RUN_BYTES,
-            chosen: 0,
         }
     }
 
@@ -245,9 +239,7 @@ impl MirrorSelector {
             ReadPolicy::Latency => self.fastest(usable, read, now),
         };
         let continues_run = self.continues_run(copy, read);
-        self.chosen += 1;
         let state = &mut self.copies[copy];
-        state.chosen_at = self.chosen;
         state.in_flight += 1;
         state.reads += 1;
         state.next_offset = read.offset + read.length;
@@ -353,13 +345,8 @@ impl MirrorSelector {
         }
         // The earliest finish. Copies whose predictions are within the
         // estimates' noise of it are equals: among those the read goes where
-        // the fewest are in flight (then where it continues a run, then to
-        // the copy chosen longest ago), so that equal devices stay evenly
-        // loaded instead of following the noise. Taking the copy chosen
-        // longest ago, rather than the first, gives each copy's background
-        // work (a scrub streaming on a disk) the same rhythm of interruptions
-        // instead of bursts: beside a scrub on two simulated HDDs, a QD1
-        // reader's p99 went from 42 to 29 ms (docs/scheduler.md).
+        // the fewest are in flight (then where it continues a run), so that
+        // equal devices stay evenly loaded instead of following the noise.
         let predicted = |c: usize| self.predicted_ns(c, read);
         let best = usable
             .iter()
@@ -369,10 +356,7 @@ impl MirrorSelector {
         usable
             .iter()
             .filter(|&c| predicted(c) <= best * EQUAL_PREDICTIONS_RATIO)
-            .min_by_key(|&c| {
-                let s = &self.copies[c];
-                (s.in_flight, !self.continues_run(c, read), s.chosen_at)
-            })
+            .min_by_key(|&c| (self.copies[c].in_flight, !self.continues_run(c, read)))
             .expect("the best is among them")
     }
 
@@ -577,26 +561,6 @@ mod tests {
             in_flight[choice.copy] += 1;
         }
         assert_eq!(in_flight, [32, 32]);
-    }
-
-    #[test]
-    fn reads_one_at_a_time_alternate_between_equal_copies() {
-        // With nothing in flight anywhere, the copy chosen longest ago
-        // takes the read: each copy gets the same rhythm of reads, and the
-        // background work between them (a scrub streaming on a disk)
-        // is interrupted at even intervals rather than in bursts.
-        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
-        let mut now = run_one_at_a_time(&mut selector, &[10_000_000, 10_000_000], 10);
-        let mut copies = Vec::new();
-        for i in 0..20u64 {
-            let choice = selector
-                .choose(read((i * 7919 % 1000) << 20, 4096), now)
-                .unwrap();
-            copies.push(choice.copy);
-            now += 10_000_000;
-            selector.completed(choice, 10_000_000, now);
-        }
-        assert!(copies.windows(2).all(|w| w[0] != w[1]), "{copies:?}");
     }
 
     #[test]
