@@ -160,9 +160,9 @@ class Bench(unittest.TestCase):
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
         """Issue 5's scenario in the simulator, short: every mode in one
         invocation, labelled, with the bars that hold on every seed checked
-        here. Bars 3 and 4 (adaptive against zfs, and the light reader) sit
-        within a few percent of their thresholds and move with the seed;
-        docs/scheduler.md has their figures."""
+        here. Not checked: bar 3's scrub (0.81-0.89x zfs's, 0.95 needed) and
+        bar 4 (the light reader), which sits at its thresholds and moves
+        with the seed; docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:
             result = run(WEIR, "bench", "scheduler", "--sim", "--seconds", "10", "--out", out,
                          check=False, timeout=300)
@@ -173,6 +173,7 @@ class Bench(unittest.TestCase):
                 if len(cells) == 4 and cells[0][:2] in {f"{n}." for n in range(1, 8)}:
                     rows[cells[0]] = cells[3]
             for bar in ["1. fifo: reader max latency", "2. fifo / adaptive: reader max latency",
+                        "3. zfs / adaptive: reader p99", "3. zfs / adaptive: reader max",
                         "3. adaptive / zfs: reader IOPS", "3. one of those better by 10%",
                         "5. QD32 reader: scrub / idle scrub",
                         "6. ssd: reader p99 with scrub / idle", "6. ssd: QD32 reads, adaptive / fifo",

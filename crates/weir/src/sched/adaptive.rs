@@ -232,9 +232,9 @@ impl Adaptive {
     /// itself is being served lands behind it instead, away from the head,
     /// and the reader's next read waits for its seek: in a trace of the
     /// simulator, those were every read over 36 ms beside a scrub. The
-    /// read's time in the device so far, the background ahead of it and
-    /// this piece stay within a share of the slack, so the pass is bounded
-    /// in time, not in pieces.
+    /// busy period's time so far (the read's, or longer when reads
+    /// overlapped), the background ahead of it and this piece stay within
+    /// a share of the slack, so the pass is bounded in time, not in pieces.
     fn streaming_pass_fits(&self, background_active: u32, now: Nanos) -> bool {
         if background_active == 0 {
             return false;

@@ -332,10 +332,10 @@ fn adaptive_passes_a_saturating_load_that_follows_a_light_one() {
 }
 
 /// An adaptive queue on a rotating device that has measured a 4 KiB read
-/// at 10 ms alone, after 40 back-to-back reads with a scrub queued; the
-/// I/Os the scrub then has at the device.
+/// at 10 ms alone, after 40 back-to-back reads with a scrub queued, and
+/// the scrub I/Os it then sends to the device.
 /// Returns the queue, the time, those pieces and the next free I/O id.
-fn rotating_queue_streaming_scrub() -> (IoQueue, u64, Vec<Dispatch>, u64) {
+fn rotating_queue_after_dense_reads() -> (IoQueue, u64, Vec<Dispatch>, u64) {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     let mut now = clean_reads(&mut queue, 0, 10_000_000);
     for id in 0..2000 {
@@ -360,7 +360,7 @@ fn adaptive_sends_nothing_behind_a_lone_read_the_drive_is_serving() {
     // I/O pass each read here). With no background at the device, a piece
     // sent now would be served after the read, away from the head, and the
     // reader's next read would wait for its seek back.
-    let (mut queue, now, at_device, id) = rotating_queue_streaming_scrub();
+    let (mut queue, now, at_device, id) = rotating_queue_after_dense_reads();
     for d in &at_device {
         queue.complete(d.id, now);
     }
