@@ -472,4 +472,6 @@ impl Handshake {
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;

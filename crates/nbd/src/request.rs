@@ -439,4 +439,89 @@ mod tests {
             Verdict::Run(Command::Disconnect)
         );
     }
+
+    /// Random headers against random sessions, weighted towards the edges
+    /// (the export's end, the payload limit, every flag bit): whatever runs
+    /// is inside the export and within limits, and whatever is refused
+    /// says how much payload to skip.
+    #[test]
+    fn random_requests_run_only_inside_the_rules() {
+        let mut state = 0x0dd_ba11_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut ran, mut refused) = (0u32, 0u32);
+        for _ in 0..200_000 {
+            let size_bytes = [0, 1, 4096, 1 << 30, u64::MAX][(next() % 5) as usize];
+            let session = Session {
+                size_bytes,
+                read_only: next() % 2 == 0,
+                payload_bytes_max: [512, 32 * MIB][(next() % 2) as usize],
+                structured_replies: next() % 2 == 0,
+                base_allocation: next() % 2 == 0,
+            };
+            let edge = |value: u64, random: u64| match random % 4 {
+                0 => value,
+                1 => value.wrapping_sub(random % 8),
+                2 => value.wrapping_add(random % 8),
+                _ => random,
+            };
+            let kind = (next() % 10) as u16;
+            let flags = match next() % 3 {
+                0 => 0,
+                1 => CMD_FLAG_FUA,
+                _ => 1u16.checked_shl((next() % 17) as u32).unwrap_or(0) | (next() % 4) as u16,
+            };
+            let length = edge(u64::from(session.payload_bytes_max), next()) as u32;
+            let offset = edge(size_bytes.saturating_sub(u64::from(length)), next());
+            let request = header(kind, flags, offset, length);
+            match validate(&request, &session) {
+                Verdict::Run(command) => {
+                    ran += 1;
+                    let range = match command {
+                        Command::Read { offset, length } => {
+                            assert!(length <= session.payload_bytes_max);
+                            Some((offset, length))
+                        }
+                        Command::Write { offset, length, .. } => {
+                            assert!(!session.read_only);
+                            assert!(length <= session.payload_bytes_max);
+                            Some((offset, length))
+                        }
+                        Command::Trim { offset, length, .. }
+                        | Command::WriteZeroes { offset, length, .. } => {
+                            assert!(!session.read_only);
+                            Some((offset, length))
+                        }
+                        Command::Cache { offset, length } => Some((offset, length)),
+                        Command::BlockStatus { offset, length, .. } => {
+                            assert!(session.base_allocation);
+                            Some((offset, length))
+                        }
+                        Command::Flush | Command::Disconnect => None,
+                    };
+                    if let Some((offset, length)) = range {
+                        assert!(length > 0, "{request:?}");
+                        let end = offset.checked_add(u64::from(length));
+                        assert!(end.is_some_and(|end| end <= size_bytes), "{request:?}");
+                    }
+                    let allowed =
+                        CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_REQ_ONE | CMD_FLAG_FAST_ZERO;
+                    assert_eq!(flags & !allowed, 0, "{request:?}");
+                }
+                Verdict::Reject { discard_bytes, .. } => {
+                    refused += 1;
+                    let payload = if kind == CMD_WRITE { length } else { 0 };
+                    assert_eq!(discard_bytes, payload, "{request:?}");
+                }
+            }
+        }
+        assert!(
+            ran > 10_000 && refused > 10_000,
+            "ran {ran}, refused {refused}"
+        );
+    }
 }

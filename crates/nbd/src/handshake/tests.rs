@@ -32,7 +32,7 @@ impl ExportCatalog for TwoExports {
     }
 }
 
-fn option(kind: u32, data: &[u8]) -> Vec<u8> {
+pub(super) fn option(kind: u32, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     put_u64(&mut out, IHAVEOPT);
     put_u32(&mut out, kind);
@@ -41,7 +41,7 @@ fn option(kind: u32, data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+pub(super) fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
     let mut out = Vec::new();
     put_u32(&mut out, name.len() as u32);
     out.extend_from_slice(name.as_bytes());
@@ -52,7 +52,7 @@ fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
     out
 }
 
-fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+pub(super) fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
     let mut out = Vec::new();
     put_u32(&mut out, name.len() as u32);
     out.extend_from_slice(name.as_bytes());
