@@ -11,14 +11,19 @@
 //! ```
 //!
 //! Every method reports through a callback so that a volume with caching
-//! or a pool beneath it can complete on any thread.
+//! or a pool beneath it can complete on any thread. None of them waits:
+//! a request that must wait for a lock or for one of its own steps
+//! continues on the thread that releases the lock or completes the step,
+//! so the connection thread goes on reading requests (and reaping its
+//! ring, where those steps' I/O may be).
 
+mod chain;
 mod range_lock;
 
 use std::io;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
-use crate::device::{self, AlignedBuf, DeviceOp, Extent, Outcome};
+use crate::device::{AlignedBuf, DeviceOp, Extent, Outcome};
 use crate::pool::Store;
 use crate::sched::IoClass;
 use range_lock::RangeLocks;
@@ -27,6 +32,52 @@ pub type Done<T> = Box<dyn FnOnce(io::Result<T>) + Send>;
 
 /// Size of each plain write used when a store cannot zero a range itself.
 const ZERO_WRITE_BYTES: u64 = 1 << 20;
+
+/// What a read-modify-write puts into the blocks it read.
+enum Patch {
+    Data(AlignedBuf),
+    Zeroes(usize),
+}
+
+impl Patch {
+    fn len(&self) -> usize {
+        match self {
+            Patch::Data(data) => data.len(),
+            Patch::Zeroes(len) => *len,
+        }
+    }
+
+    fn apply(&self, into: &mut [u8]) {
+        match self {
+            Patch::Data(data) => into.copy_from_slice(data.as_slice()),
+            Patch::Zeroes(_) => into.fill(0),
+        }
+    }
+}
+
+/// Steps that write zeroes over `[start, end)` in pieces of
+/// `ZERO_WRITE_BYTES`, one after another.
+fn zero_writes(store: &Arc<dyn Store>, start: u64, end: u64) -> Vec<chain::Step> {
+    (start..end)
+        .step_by(ZERO_WRITE_BYTES as usize)
+        .map(|at| -> chain::Step {
+            let store = Arc::clone(store);
+            let length = (end - at).min(ZERO_WRITE_BYTES);
+            Box::new(move |step_done| {
+                let op = DeviceOp::Write {
+                    offset: at,
+                    buf: AlignedBuf::zeroed(length as usize),
+                    durable: false,
+                };
+                store.submit(
+                    IoClass::SyncWrite,
+                    op,
+                    Box::new(move |outcome| step_done(outcome.result)),
+                )
+            })
+        })
+        .collect()
+}
 
 /// The bytes of a completed read: `buf[start..start + len]`.
 #[derive(Debug)]
@@ -94,18 +145,6 @@ impl Volume {
         )
     }
 
-    /// Run one store op and wait for it (slow paths only).
-    fn submit_and_wait(&self, class: IoClass, op: DeviceOp) -> Outcome {
-        let (tx, rx) = mpsc::sync_channel(1);
-        // This thread sleeps until the op is done, so it must not be the
-        // one expected to reap it.
-        device::without_thread_ring(|| {
-            self.store
-                .submit(class, op, Box::new(move |outcome| drop(tx.send(outcome))));
-            rx.recv().expect("store dropped a completion")
-        })
-    }
-
     pub fn read(&self, offset: u64, length: u32, done: Done<ReadData>) {
         let (start, end) = self.widen(offset, u64::from(length));
         let buf = AlignedBuf::new((end - start) as usize);
@@ -133,51 +172,58 @@ impl Volume {
         );
         let (start, end) = self.widen(offset, data.len() as u64);
         if start == offset && end == offset + data.len() as u64 {
-            let guard = self.locks.lock(start, end, false);
             let op = DeviceOp::Write {
                 offset,
                 buf: data,
                 durable: fua,
             };
-            self.store.submit(
-                IoClass::SyncWrite,
-                op,
-                Box::new(move |outcome| {
-                    drop(guard);
-                    done(outcome.result)
-                }),
-            );
+            self.locked_op(start, end, IoClass::SyncWrite, op)(done);
         } else {
-            // Slow path: it sleeps on a lock and on its ops.
-            done(device::without_thread_ring(|| {
-                self.read_modify_write(offset, data.as_slice(), fua)
-            }));
+            self.read_modify_write(offset, Patch::Data(data), fua, done);
         }
     }
 
-    fn read_modify_write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
-        let (start, end) = self.widen(offset, data.len() as u64);
-        let _guard = self.locks.lock(start, end, true);
-        let outcome = self.submit_and_wait(
-            IoClass::SyncWrite,
-            DeviceOp::Read {
-                offset: start,
-                buf: AlignedBuf::new((end - start) as usize),
-            },
-        );
-        outcome.result?;
-        let mut buf = outcome.buf.expect("reads return their buffer");
+    /// Patch part of the blocks around `offset`: read them whole, patch,
+    /// write them back, holding them exclusively from the read to the end
+    /// of the write.
+    fn read_modify_write(&self, offset: u64, patch: Patch, fua: bool, done: Done<()>) {
+        let (start, end) = self.widen(offset, patch.len() as u64);
         let at = (offset - start) as usize;
-        buf.as_mut_slice()[at..at + data.len()].copy_from_slice(data);
-        self.submit_and_wait(
-            IoClass::SyncWrite,
-            DeviceOp::Write {
-                offset: start,
-                buf,
-                durable: fua,
-            },
-        )
-        .result
+        let store = Arc::clone(&self.store);
+        self.locks.lock_then(
+            start,
+            end,
+            true,
+            Box::new(move |guard| {
+                let read = DeviceOp::Read {
+                    offset: start,
+                    buf: AlignedBuf::new((end - start) as usize),
+                };
+                let reader = Arc::clone(&store);
+                reader.submit(
+                    IoClass::SyncWrite,
+                    read,
+                    Box::new(move |outcome| {
+                        if let Err(err) = outcome.result {
+                            drop(guard);
+                            return done(Err(err));
+                        }
+                        let mut buf = outcome.buf.expect("reads return their buffer");
+                        patch.apply(&mut buf.as_mut_slice()[at..at + patch.len()]);
+                        let write = DeviceOp::Write {
+                            offset: start,
+                            buf,
+                            durable: fua,
+                        };
+                        let answer = Box::new(move |outcome: Outcome| {
+                            drop(guard);
+                            done(outcome.result)
+                        });
+                        store.submit(IoClass::SyncWrite, write, answer);
+                    }),
+                );
+            }),
+        );
     }
 
     pub fn flush(&self, done: Done<()>) {
@@ -198,20 +244,16 @@ impl Volume {
         let block = self.block();
         let start = offset.next_multiple_of(block);
         let end = (offset + u64::from(length)) / block * block;
-        let result = if start < end {
-            let _guard = self.locks.lock(start, end, false);
-            self.submit_and_wait(
-                IoClass::Trim,
-                DeviceOp::Discard {
-                    offset: start,
-                    length: end - start,
-                },
-            )
-            .result
-        } else {
-            Ok(())
-        };
-        done(result.and_then(|()| self.flush_if(fua)))
+        let mut steps = Vec::new();
+        if start < end {
+            let op = DeviceOp::Discard {
+                offset: start,
+                length: end - start,
+            };
+            steps.push(self.locked_op(start, end, IoClass::Trim, op));
+        }
+        steps.extend(self.flush_step(fua));
+        chain::run(steps, done);
     }
 
     /// Make the range read as zeroes. `may_trim` allows deallocating it;
@@ -229,71 +271,105 @@ impl Volume {
             !self.read_only,
             "zeroing read-only volumes is rejected at the edge"
         );
-        done(device::without_thread_ring(|| {
-            self.zero_range(offset, u64::from(length), may_trim, fast_only)
-                .and_then(|()| self.flush_if(fua))
-        }))
-    }
-
-    fn zero_range(
-        &self,
-        offset: u64,
-        length: u64,
-        may_trim: bool,
-        fast_only: bool,
-    ) -> io::Result<()> {
         let block = self.block();
-        let end = offset + length;
+        let end = offset + u64::from(length);
         let inner_start = offset.next_multiple_of(block).min(end);
         let inner_end = (end / block * block).max(inner_start);
+        let mut steps = Vec::new();
         if inner_start < inner_end {
-            let _guard = self.locks.lock(inner_start, inner_end, false);
-            let op = DeviceOp::WriteZeroes {
-                offset: inner_start,
-                length: inner_end - inner_start,
-                may_unmap: may_trim,
-            };
-            match self.submit_and_wait(IoClass::SyncWrite, op).result {
-                Ok(()) => {}
-                Err(err) if err.raw_os_error() == Some(libc::EOPNOTSUPP) && !fast_only => {
-                    self.write_zero_buffers(inner_start, inner_end)?
-                }
-                Err(err) => return Err(err),
-            }
+            steps.push(self.zero_inner(inner_start, inner_end, may_trim, fast_only));
         }
         for (edge_start, edge_end) in [(offset, inner_start), (inner_end, end)] {
             if edge_start < edge_end {
-                self.read_modify_write(
-                    edge_start,
-                    &vec![0u8; (edge_end - edge_start) as usize],
-                    false,
-                )?;
+                let edge = self.clone_for_steps();
+                steps.push(Box::new(move |step_done| {
+                    let zeroes = Patch::Zeroes((edge_end - edge_start) as usize);
+                    edge.read_modify_write(edge_start, zeroes, false, step_done)
+                }));
             }
         }
-        Ok(())
+        steps.extend(self.flush_step(fua));
+        chain::run(steps, done);
     }
 
-    fn write_zero_buffers(&self, start: u64, end: u64) -> io::Result<()> {
-        let mut at = start;
-        while at < end {
-            let chunk = (end - at).min(ZERO_WRITE_BYTES);
-            let op = DeviceOp::Write {
-                offset: at,
-                buf: AlignedBuf::zeroed(chunk as usize),
-                durable: false,
+    /// Zero whole blocks `[start, end)` with the store's own zeroing, or
+    /// with plain writes of zeroes where it has none (unless `fast_only`).
+    fn zero_inner(&self, start: u64, end: u64, may_trim: bool, fast_only: bool) -> chain::Step {
+        self.holding(start, end, move |store, done| {
+            let op = DeviceOp::WriteZeroes {
+                offset: start,
+                length: end - start,
+                may_unmap: may_trim,
             };
-            self.submit_and_wait(IoClass::SyncWrite, op).result?;
-            at += chunk;
-        }
-        Ok(())
+            let writer = Arc::clone(&store);
+            writer.submit(
+                IoClass::SyncWrite,
+                op,
+                Box::new(move |outcome| match outcome.result {
+                    Err(err) if err.raw_os_error() == Some(libc::EOPNOTSUPP) && !fast_only => {
+                        chain::run(zero_writes(&store, start, end), done)
+                    }
+                    result => done(result),
+                }),
+            );
+        })
     }
 
-    fn flush_if(&self, fua: bool) -> io::Result<()> {
-        if fua {
-            self.submit_and_wait(IoClass::SyncWrite, DeviceOp::Flush)
-                .result
-        } else {
-            Ok(())
+    /// A step that holds `[start, end)` shared while `op` runs.
+    fn locked_op(&self, start: u64, end: u64, class: IoClass, op: DeviceOp) -> chain::Step {
+        self.holding(start, end, move |store, done| {
+            store.submit(class, op, Box::new(move |outcome| done(outcome.result)))
+        })
+    }
+
+    /// A step that holds `[start, end)` shared from when it gets the range
+    /// until `body` calls its callback.
+    fn holding(
+        &self,
+        start: u64,
+        end: u64,
+        body: impl FnOnce(Arc<dyn Store>, Done<()>) + Send + 'static,
+    ) -> chain::Step {
+        let store = Arc::clone(&self.store);
+        let locks = Arc::clone(&self.locks);
+        Box::new(move |step_done| {
+            locks.lock_then(
+                start,
+                end,
+                false,
+                Box::new(move |guard| {
+                    body(
+                        store,
+                        Box::new(move |result| {
+                            drop(guard);
+                            step_done(result)
+                        }),
+                    )
+                }),
+            );
+        })
+    }
+
+    /// A flush as the last step of a FUA request.
+    fn flush_step(&self, fua: bool) -> Option<chain::Step> {
+        let store = Arc::clone(&self.store);
+        fua.then(|| -> chain::Step {
+            Box::new(move |step_done| {
+                store.submit(
+                    IoClass::SyncWrite,
+                    DeviceOp::Flush,
+                    Box::new(move |outcome| step_done(outcome.result)),
+                )
+            })
+        })
+    }
+
+    /// What a step needs of the volume: the store, the locks and the block.
+    fn clone_for_steps(&self) -> Volume {
+        Volume {
+            store: Arc::clone(&self.store),
+            read_only: self.read_only,
+            locks: Arc::clone(&self.locks),
         }
     }
 

@@ -1,65 +1,111 @@
-//! Byte-range locks that keep read-modify-write atomic.
+//! Byte-range locks that keep read-modify-write atomic, without blocking.
 //!
 //! An unaligned write reads whole blocks, patches them and writes them
 //! back; a concurrent write to the same blocks in between would be lost.
 //! So every write holds its aligned range: plain writes in shared mode
 //! (they may overlap each other, as the client allows), read-modify-write
 //! in exclusive mode.
+//!
+//! Nobody waits on a lock: [`RangeLocks::lock_then`] runs its continuation
+//! at once, or later on the thread that releases the conflicting range.
+//! A connection thread that slept on a lock could not reap the ring that
+//! holds the very I/O it waits for, and it could not read the requests
+//! behind it either. Waiters are granted in arrival order among those that
+//! overlap, so a stream of shared holders cannot starve an exclusive one.
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+
+/// What runs once a range is held; the guard releases it.
+pub type Granted = Box<dyn FnOnce(RangeGuard) + Send>;
 
 #[derive(Clone, Copy, Debug)]
-struct Held {
-    id: u64,
+struct Range {
     start: u64,
     end: u64,
     exclusive: bool,
 }
 
+impl Range {
+    fn conflicts(&self, other: &Range) -> bool {
+        self.start < other.end && other.start < self.end && (self.exclusive || other.exclusive)
+    }
+}
+
+struct Waiter {
+    range: Range,
+    granted: Granted,
+}
+
 #[derive(Default)]
 struct Table {
-    held: Vec<Held>,
+    held: Vec<(u64, Range)>,
+    waiting: VecDeque<Waiter>,
     next_id: u64,
+}
+
+impl Table {
+    fn hold(&mut self, locks: &Arc<RangeLocks>, range: Range) -> RangeGuard {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.held.push((id, range));
+        RangeGuard {
+            locks: Arc::clone(locks),
+            id,
+        }
+    }
+
+    fn blocked(&self, range: &Range, earlier_waiters: usize) -> bool {
+        self.held.iter().any(|(_, h)| h.conflicts(range))
+            || self
+                .waiting
+                .iter()
+                .take(earlier_waiters)
+                .any(|w| w.range.conflicts(range))
+    }
 }
 
 #[derive(Default)]
 pub struct RangeLocks {
     table: Mutex<Table>,
-    released: Condvar,
 }
 
-/// Releases its range when dropped (typically on I/O completion).
+/// Releases its range when dropped (typically on I/O completion), which
+/// may start waiters' continuations on the dropping thread.
 pub struct RangeGuard {
     locks: Arc<RangeLocks>,
     id: u64,
 }
 
 impl RangeLocks {
-    /// Block until `[start, end)` can be held in the given mode.
-    pub fn lock(self: &Arc<Self>, start: u64, end: u64, exclusive: bool) -> RangeGuard {
+    /// Run `granted` once `[start, end)` is held in the given mode: now, if
+    /// nothing in the way holds or waits for it, else when it is released.
+    pub fn lock_then(self: &Arc<Self>, start: u64, end: u64, exclusive: bool, granted: Granted) {
         assert!(start < end, "empty lock range {start}..{end}");
-        let mut table = self.table.lock();
-        while table
-            .held
-            .iter()
-            .any(|h| h.start < end && start < h.end && (exclusive || h.exclusive))
-        {
-            self.released.wait(&mut table);
-        }
-        let id = table.next_id;
-        table.next_id += 1;
-        table.held.push(Held {
-            id,
+        let range = Range {
             start,
             end,
             exclusive,
-        });
-        RangeGuard {
-            locks: Arc::clone(self),
-            id,
+        };
+        let mut table = self.table.lock();
+        let waiters = table.waiting.len();
+        if table.blocked(&range, waiters) {
+            table.waiting.push_back(Waiter { range, granted });
+            return;
         }
+        let guard = table.hold(self, range);
+        drop(table);
+        run_granted(vec![(guard, granted)]);
+    }
+
+    /// Ranges held and waiting (for tests and debugging).
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let table = self.table.lock();
+        (table.held.len(), table.waiting.len())
     }
 }
 
@@ -69,52 +115,177 @@ impl Drop for RangeGuard {
         let index = table
             .held
             .iter()
-            .position(|h| h.id == self.id)
+            .position(|(id, _)| *id == self.id)
             .expect("held range lock");
         table.held.swap_remove(index);
+        let mut granted = Vec::new();
+        let mut i = 0;
+        while i < table.waiting.len() {
+            let range = table.waiting[i].range;
+            if table.blocked(&range, i) {
+                i += 1;
+                continue;
+            }
+            let waiter = table.waiting.remove(i).expect("index in range");
+            let guard = table.hold(&self.locks, range);
+            granted.push((guard, waiter.granted));
+        }
         drop(table);
-        self.locks.released.notify_all();
+        run_granted(granted);
     }
+}
+
+thread_local! {
+    /// Continuations granted on this thread while it is already running
+    /// one: a chain of read-modify-writes that complete inline (a memory
+    /// device) would otherwise nest one stack frame per waiter.
+    static GRANTS_PENDING: RefCell<Option<VecDeque<(RangeGuard, Granted)>>> =
+        const { RefCell::new(None) };
+}
+
+fn run_granted(granted: Vec<(RangeGuard, Granted)>) {
+    if granted.is_empty() {
+        return;
+    }
+    let mut granted = Some(granted);
+    let outermost = GRANTS_PENDING.with(|pending| {
+        let mut pending = pending.borrow_mut();
+        let granted = granted.take().expect("taken once");
+        match pending.as_mut() {
+            Some(queue) => {
+                queue.extend(granted);
+                false
+            }
+            None => {
+                *pending = Some(granted.into());
+                true
+            }
+        }
+    });
+    if !outermost {
+        return;
+    }
+    while let Some((guard, continuation)) = GRANTS_PENDING.with(|pending| {
+        pending
+            .borrow_mut()
+            .as_mut()
+            .expect("the outermost call owns the queue")
+            .pop_front()
+    }) {
+        continuation(guard);
+    }
+    GRANTS_PENDING.with(|pending| *pending.borrow_mut() = None);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::mpsc;
+
+    /// Locks `[start, end)` and sends its guard on the channel once held.
+    fn take(
+        locks: &Arc<RangeLocks>,
+        start: u64,
+        end: u64,
+        exclusive: bool,
+    ) -> mpsc::Receiver<RangeGuard> {
+        let (tx, rx) = mpsc::channel();
+        locks.lock_then(
+            start,
+            end,
+            exclusive,
+            Box::new(move |guard| tx.send(guard).unwrap()),
+        );
+        rx
+    }
 
     #[test]
     fn shared_locks_overlap() {
         let locks = Arc::new(RangeLocks::default());
-        let _a = locks.lock(0, 100, false);
-        let _b = locks.lock(50, 150, false);
+        let _a = take(&locks, 0, 100, false).try_recv().unwrap();
+        let _b = take(&locks, 50, 150, false).try_recv().unwrap();
     }
 
     #[test]
-    fn exclusive_waits_for_overlapping_holders() {
+    fn exclusive_waits_for_overlapping_holders_and_runs_on_release() {
         let locks = Arc::new(RangeLocks::default());
-        let first = locks.lock(0, 4096, false);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let waiter = {
-            let locks = Arc::clone(&locks);
-            std::thread::spawn(move || {
-                let _g = locks.lock(0, 8192, true);
-                tx.send(()).unwrap();
-            })
-        };
+        let first = take(&locks, 0, 4096, false).try_recv().unwrap();
+        let waiter = take(&locks, 0, 8192, true);
         assert!(
-            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            waiter.try_recv().is_err(),
             "must wait for the shared holder"
         );
+        assert_eq!(locks.counts(), (1, 1));
         drop(first);
-        rx.recv_timeout(Duration::from_secs(5))
-            .expect("granted after release");
-        waiter.join().unwrap();
+        let _held = waiter.try_recv().expect("granted on release");
+        assert_eq!(locks.counts(), (1, 0));
     }
 
     #[test]
     fn disjoint_exclusive_locks_do_not_wait() {
         let locks = Arc::new(RangeLocks::default());
-        let _a = locks.lock(0, 4096, true);
-        let _b = locks.lock(4096, 8192, true);
+        let _a = take(&locks, 0, 4096, true).try_recv().unwrap();
+        let _b = take(&locks, 4096, 8192, true).try_recv().unwrap();
+    }
+
+    #[test]
+    fn a_waiting_exclusive_lock_is_not_overtaken_by_later_shared_ones() {
+        let locks = Arc::new(RangeLocks::default());
+        let reader = take(&locks, 0, 4096, false).try_recv().unwrap();
+        let exclusive = take(&locks, 0, 4096, true);
+        let later = take(&locks, 0, 4096, false);
+        let elsewhere = take(&locks, 8192, 12288, false);
+        assert!(later.try_recv().is_err(), "queued behind the exclusive one");
+        let _elsewhere = elsewhere.try_recv().expect("no overlap, no wait");
+        drop(reader);
+        let held = exclusive.try_recv().expect("first in line");
+        assert!(later.try_recv().is_err());
+        drop(held);
+        later.try_recv().expect("then the shared one");
+    }
+
+    #[test]
+    fn a_long_chain_of_waiters_runs_without_nesting() {
+        // Each continuation releases at once, granting the next waiter on
+        // the same thread. Without the trampoline that would nest 10k
+        // frames deep, more than this thread's 256 KiB stack holds.
+        let run = || {
+            let locks = Arc::new(RangeLocks::default());
+            let first = take(&locks, 0, 4096, true).try_recv().unwrap();
+            let (tx, rx) = mpsc::channel();
+            for i in 0..10_000u32 {
+                let tx = tx.clone();
+                locks.lock_then(
+                    0,
+                    4096,
+                    true,
+                    Box::new(move |guard| {
+                        tx.send(i).unwrap();
+                        drop(guard);
+                    }),
+                );
+            }
+            drop(first);
+            let order: Vec<u32> = rx.try_iter().collect();
+            assert_eq!(order, (0..10_000).collect::<Vec<_>>(), "all, in order");
+            assert_eq!(locks.counts(), (0, 0));
+        };
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(run)
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn releases_on_other_threads_grant_waiters() {
+        let locks = Arc::new(RangeLocks::default());
+        let first = take(&locks, 0, 4096, true).try_recv().unwrap();
+        let waiter = take(&locks, 100, 200, true);
+        std::thread::spawn(move || drop(first)).join().unwrap();
+        waiter
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("granted by the other thread's release");
     }
 }

@@ -2,6 +2,7 @@ use super::*;
 use crate::device::mem::MemDevice;
 use crate::pool::SingleDevice;
 use crate::sched::DeviceQueue;
+use std::sync::mpsc;
 
 const SIZE: u64 = 1 << 20;
 
@@ -134,4 +135,49 @@ fn holes_are_reported_for_unwritten_ranges() {
         extents.iter().map(|e| e.hole).collect::<Vec<_>>(),
         vec![true, false, true]
     );
+}
+
+#[test]
+fn a_write_behind_a_held_range_returns_at_once_and_finishes_on_release() {
+    // The connection thread calls these: none may wait for a lock, or it
+    // would stop reading requests (and reaping the ring) behind it.
+    let volume = volume();
+    let (tx, rx) = mpsc::channel();
+    volume.locks.lock_then(
+        0,
+        4096,
+        true,
+        Box::new(move |guard| tx.send(guard).unwrap()),
+    );
+    let held = rx.try_recv().expect("nothing else holds it");
+    let (done_tx, done_rx) = mpsc::channel();
+    for (offset, len) in [(100u64, 60usize), (0, 512)] {
+        let done_tx = done_tx.clone();
+        let data = buf_of(&vec![9u8; len]);
+        volume.write(
+            offset,
+            data,
+            false,
+            Box::new(move |r| done_tx.send(r).unwrap()),
+        );
+    }
+    let zeroed = done_tx.clone();
+    volume.write_zeroes(
+        0,
+        4096,
+        false,
+        true,
+        false,
+        Box::new(move |r| zeroed.send(r).unwrap()),
+    );
+    let trimmed = done_tx;
+    volume.trim(0, 4096, false, Box::new(move |r| trimmed.send(r).unwrap()));
+    assert!(done_rx.try_recv().is_err(), "all four wait for the range");
+    drop(held);
+    for _ in 0..4 {
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("answered once the range is free")
+            .unwrap();
+    }
 }
