@@ -326,6 +326,36 @@ class Durability(RawClient, unittest.TestCase):
                 f.seek(31 * len(payload))
                 self.assertEqual(f.read(len(payload)), payload)
 
+    def test_a_client_that_stops_reading_cannot_hold_up_shutdown(self):
+        """A client asks for 64 MiB and never reads a byte of it: after the
+        grace its connection is closed, the volume is still flushed (a
+        write acknowledged to another client survives) and weir exits 0."""
+        with tempfile.TemporaryDirectory() as tmp:
+            backing = sparse_file(os.path.join(tmp, "vol.img"), 128 * MIB)
+            with Weir("--export", f"vol={backing}", "--shutdown-grace-seconds", "2") as weir:
+                stalled = raw_connection(weir.socket)
+                self.handshake_to_options(stalled)
+                self.go(stalled)
+                for i in range(64):
+                    stalled.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, i, i * MIB, MIB))
+                good = connect(weir.uri("vol"))
+                payload = os.urandom(MIB)
+                good.pwrite(payload, 100 * MIB)
+                good.shutdown()
+                started = time.monotonic()
+                code = weir.stop(timeout=30)
+                took = time.monotonic() - started
+                self.assertEqual(code, 0)
+                self.assertGreaterEqual(took, 1.5, "the grace was given")
+                self.assertLess(took, 15, "the stalled client did not hold shutdown up")
+                logs = weir.logs()
+                self.assertIn("still unfinished after 2s", logs)
+                self.assertIn("all volumes flushed", logs)
+                stalled.close()
+            with open(backing, "rb") as f:
+                f.seek(100 * MIB)
+                self.assertEqual(f.read(MIB), payload)
+
 
 class Startup(unittest.TestCase):
     def serve_fails(self, *args):

@@ -9,6 +9,7 @@
 //! io_engine = "auto"             # auto | uring | threads
 //! log_level = "info"
 //! admin = "127.0.0.1:10810"     # "none": no admin endpoint
+//! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
 //!
 //! [[export]]
 //! name = "disk"
@@ -33,6 +34,8 @@ pub const DEFAULT_DATA_DIR: &str = "./weir-data";
 pub const DEFAULT_EXPORT_NAME: &str = "default";
 pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MAX_BLOCK_BYTES: u32 = 32 << 20;
+/// How long a shutdown waits for clients to take their last replies.
+pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: u64 = 30;
 const MAX_BLOCK_BYTES_LIMIT: u64 = 128 << 20;
 const MIN_BLOCK_BYTES_LIMIT: u64 = 64 << 10;
 
@@ -47,6 +50,7 @@ pub struct FileConfig {
     pub io_engine: Option<IoEngine>,
     pub log_level: Option<String>,
     pub admin: Option<String>,
+    pub shutdown_grace_seconds: Option<u64>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
 }
@@ -106,6 +110,9 @@ pub struct ServeArgs {
     /// Admin endpoint for pool commands and /metrics ("none" to turn it off) [default: 127.0.0.1:10810].
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
+    /// On SIGINT/SIGTERM, how long to wait for clients to read their last replies before closing their connections [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_grace_seconds: Option<u64>,
 }
 
 /// One export, resolved.
@@ -128,6 +135,7 @@ pub struct ServeConfig {
     pub log_level: String,
     /// None: no admin endpoint.
     pub admin: Option<SocketAddr>,
+    pub shutdown_grace: std::time::Duration,
     /// Empty means: serve the embedded default.
     pub exports: Vec<ExportSpec>,
 }
@@ -185,8 +193,14 @@ impl ServeConfig {
         let admin = parse_listen(std::slice::from_ref(&admin_text))
             .with_context(|| "the admin address")?
             .pop();
+        let shutdown_grace = std::time::Duration::from_secs(
+            args.shutdown_grace_seconds
+                .or(file.shutdown_grace_seconds)
+                .unwrap_or(DEFAULT_SHUTDOWN_GRACE_SECONDS),
+        );
         Ok(ServeConfig {
             admin,
+            shutdown_grace,
             listen,
             socket,
             data_dir: args
@@ -321,6 +335,10 @@ mod tests {
         assert_eq!(config.listen, vec![DEFAULT_LISTEN.parse().unwrap()]);
         assert!(config.exports.is_empty());
         assert_eq!(config.max_block_bytes, 32 << 20);
+        assert_eq!(
+            config.shutdown_grace,
+            std::time::Duration::from_secs(DEFAULT_SHUTDOWN_GRACE_SECONDS)
+        );
     }
 
     #[test]
@@ -342,6 +360,8 @@ mod tests {
             max_block_size = "64M"
             io_engine = "threads"
             log_level = "debug"
+            admin = "none"
+            shutdown_grace_seconds = 7
             [[export]]
             name = "a"
             device = "mem:1M"
@@ -356,6 +376,8 @@ mod tests {
         assert_eq!(config.max_block_bytes, 64 << 20);
         assert_eq!(config.io_engine, IoEngine::Threads);
         assert_eq!(config.log_level, "debug");
+        assert_eq!(config.admin, None);
+        assert_eq!(config.shutdown_grace, std::time::Duration::from_secs(7));
         assert_eq!(
             config.exports,
             vec![ExportSpec {

@@ -146,7 +146,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
     print_connect_hint(&listeners, &first_export);
-    let served = server::serve(listeners, exports, &stop);
+    let served = server::serve(listeners, exports, &stop, config.shutdown_grace);
     // Scrubs save their position; then the pools close cleanly as they drop.
     service.close();
     drop(admin);

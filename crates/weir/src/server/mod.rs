@@ -4,7 +4,8 @@
 //!  TCP / Unix listeners ──accept──> one thread per connection (connection.rs)
 //!          ▲                                   │
 //!   SIGINT/SIGTERM: stop accepting, half-close every connection's read side,
-//!   wait for in-flight replies, flush every volume, exit 0.
+//!   wait for in-flight replies (for the grace; then close the connections
+//!   whose clients stopped reading), flush every volume, exit 0.
 //! ```
 
 mod budget;
@@ -89,8 +90,19 @@ struct Registry {
     emptied: Condvar,
 }
 
-/// Serve until `stop` is set, then shut down gracefully.
-pub fn serve(listeners: Listeners, exports: Arc<Exports>, stop: &AtomicBool) -> anyhow::Result<()> {
+/// After the grace, connections still open get this long to notice that
+/// their sockets were closed.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Serve until `stop` is set, then shut down gracefully: connections get
+/// `grace` to take their last replies; a client that stops reading cannot
+/// hold the server up for longer.
+pub fn serve(
+    listeners: Listeners,
+    exports: Arc<Exports>,
+    stop: &AtomicBool,
+    grace: Duration,
+) -> anyhow::Result<()> {
     let registry = Arc::new(Registry::default());
     let mut next_id = 0u64;
     let mut fds: Vec<libc::pollfd> = listeners
@@ -128,15 +140,38 @@ pub fn serve(listeners: Listeners, exports: Arc<Exports>, stop: &AtomicBool) -> 
     for stream in registry.live.lock().values() {
         stream.shutdown(Shutdown::Read);
     }
-    let mut live = registry.live.lock();
-    while !live.is_empty() {
-        registry.emptied.wait(&mut live);
+    if !wait_for_connections(&registry, grace) {
+        let live = registry.live.lock();
+        tracing::warn!(
+            "{} connection(s) still unfinished after {grace:?} (their clients are not reading \
+             replies): closing them; requests already sent to the devices complete",
+            live.len()
+        );
+        for stream in live.values() {
+            stream.shutdown(Shutdown::Both);
+        }
+        drop(live);
+        if !wait_for_connections(&registry, CLOSE_WAIT) {
+            tracing::error!("connections still open after closing their sockets; exiting anyway");
+        }
     }
-    drop(live);
     if let Some((_, path)) = &listeners.unix {
         let _ = std::fs::remove_file(path);
     }
     flush_all(&exports)
+}
+
+/// Wait until every connection has ended, or `limit` has passed; true if
+/// they all ended.
+fn wait_for_connections(registry: &Registry, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    let mut live = registry.live.lock();
+    while !live.is_empty() {
+        if registry.emptied.wait_until(&mut live, deadline).timed_out() {
+            return live.is_empty();
+        }
+    }
+    true
 }
 
 fn accept_ready(listeners: &Listeners) -> Vec<Stream> {
