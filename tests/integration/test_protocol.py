@@ -136,31 +136,35 @@ class Commands(unittest.TestCase):
         up to 16 in flight, unaligned and crowded into a small window
         (requests in flight together often share a block), on a memory and
         an O_DIRECT file export; after a restart the file holds what was
-        flushed."""
+        flushed, and the same goes on with the thread-pool I/O engine."""
+        def exercise(weir, name, model, seed):
+            # Three connections, so that requests sharing a block also
+            # arrive on different connections (and different threads).
+            handles = [connect(weir.uri(name)) for _ in range(3)]
+            counts = modelcheck.run_random_io(handles, model, ops=3000, seed=seed)
+            self.assertGreater(counts.get("read", 0), 500, counts)
+            self.assertGreater(counts.get("write", 0), 500, counts)
+            self.assertGreater(counts.get("block shared with a write in flight", 0), 100, counts)
+            handles[0].flush()
+            modelcheck.check_whole(handles[1], model, name)
+            for h in handles:
+                h.shutdown()
+
         with tempfile.TemporaryDirectory() as tmp:
             backing = sparse_file(os.path.join(tmp, "vol.img"), 32 * MIB)
             models = {"mem": modelcheck.Model(32 * MIB, 2 * MIB),
                       "file": modelcheck.Model(32 * MIB, 2 * MIB)}
             with Weir("--export", "mem=mem:32M", "--export", f"file={backing}") as weir:
                 for seed, name in enumerate(models):
-                    # Three connections: unaligned writes to one block meet
-                    # only across connections (each connection's slow path
-                    # runs one at a time).
-                    handles = [connect(weir.uri(name)) for _ in range(3)]
-                    counts = modelcheck.run_random_io(handles, models[name], ops=3000, seed=seed)
-                    self.assertGreater(counts.get("read", 0), 500, counts)
-                    self.assertGreater(counts.get("write", 0), 500, counts)
-                    self.assertGreater(counts.get("block shared with a write in flight", 0), 100, counts)
-                    handles[0].flush()
-                    modelcheck.check_whole(handles[1], models[name], name)
-                    for h in handles:
-                        h.shutdown()
+                    exercise(weir, name, models[name], seed)
                 self.assertEqual(weir.stop(), 0)
                 self.assertNotIn("panicked", weir.logs())
-            with Weir("--export", f"file={backing}") as weir:
+            with Weir("--export", f"file={backing}", "--io-engine", "threads") as weir:
                 h = connect(weir.uri("file"))
                 modelcheck.check_whole(h, models["file"], "file after a restart")
                 h.shutdown()
+                exercise(weir, "file", models["file"], seed=5)
+                self.assertEqual(weir.stop(), 0)
 
     def test_many_requests_in_flight_are_answered_out_of_order(self):
         with Weir("--export", "vol=mem:64M") as weir:
