@@ -12,9 +12,10 @@
 //! thread asks for them and never interrupt it mid-read, and a thread can
 //! see from shared memory that some are pending ([`ThreadRing::wait_spinning`]).
 //!
-//! A thread that is about to block waiting for an op it submits (the
-//! read-modify-write slow path) wraps the wait in [`without_thread_ring`]:
-//! nobody would reap its own ring while it sleeps.
+//! A thread that is about to block waiting for an op it submits
+//! (`device::run_sync`, for administration) wraps the wait in
+//! [`without_thread_ring`]: nobody would reap its own ring while it
+//! sleeps. The data path never blocks that way (see volume/).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
