@@ -3,7 +3,9 @@ malformed input, durability across kill -9, graceful shutdown and config errors.
 
 import errno
 import os
+import random
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -215,6 +217,55 @@ class RawClient:
 
 
 class MalformedInput(RawClient, unittest.TestCase):
+    def test_random_request_streams_never_hurt_the_server(self):
+        """150 connections each send a burst of random requests (edge
+        offsets and lengths, unknown kinds and flags, payloads cut short,
+        junk between headers), then hang up at once or read what comes
+        back. The server stays up, answers in its own format while a
+        stream is in step, and another client's data and connection are
+        untouched."""
+        rng = random.Random(2026)
+        with Weir("--export", "vol=mem:16M", "--export", "scratch=mem:16M") as weir:
+            good = connect(weir.uri("vol"))
+            pattern = os.urandom(MIB)
+            good.pwrite(pattern, 3 * MIB)
+            for _ in range(150):
+                s = raw_connection(weir.socket)
+                s.settimeout(5)
+                self.handshake_to_options(s)
+                self.go(s, b"scratch")
+                stream = b""
+                for handle in range(rng.randrange(1, 20)):
+                    kind = rng.choice([0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 9, 0xffff])
+                    flags = rng.choice([0, 0, 1, 2, 4, 8, 16, 32, 0xffff])
+                    length = rng.choice([0, 1, 4096, 65537, 32 * MIB, 32 * MIB + 1, 0xffffffff])
+                    offset = rng.choice([0, 4095, 16 * MIB - 4096, 16 * MIB, 2 ** 63, 2 ** 64 - 1])
+                    stream += struct.pack(">IHHQQI", 0x25609513, flags, kind, handle, offset, length)
+                    if kind == 1 and length <= 65537:
+                        stream += os.urandom(length if rng.random() < 0.7 else rng.randrange(length + 1))
+                    if rng.random() < 0.1:
+                        stream += os.urandom(rng.randrange(1, 40))
+                try:
+                    s.sendall(stream)
+                    if rng.random() < 0.5:
+                        s.shutdown(socket.SHUT_WR)
+                        first = s.recv(16)
+                        if len(first) >= 4:
+                            self.assertEqual(struct.unpack(">I", first[:4])[0], 0x67446698)
+                        while s.recv(65536):
+                            pass
+                except (ConnectionError, socket.timeout):
+                    pass
+                s.close()
+            self.assertTrue(weir.alive())
+            self.assertEqual(good.pread(MIB, 3 * MIB), pattern)
+            other = connect(weir.uri("vol"))
+            self.assertEqual(other.pread(MIB, 3 * MIB), pattern)
+            other.shutdown()
+            good.shutdown()
+            self.assertEqual(weir.stop(), 0)
+            self.assertNotIn("panicked", weir.logs())
+
     def test_bad_input_never_hurts_other_clients(self):
         with Weir("--export", "vol=mem:16M") as weir:
             good = connect(weir.uri("vol"))
