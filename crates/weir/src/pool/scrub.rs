@@ -396,12 +396,16 @@ fn scrub_window(pool: &PoolData, shared: &Shared, from: (usize, u64)) {
                 let cursor = &mut w.copies[copy].1;
                 cursor.next += 1;
                 cursor.reading.insert(next);
-                Some((w.copies[copy].0, next))
+                let positions: Vec<(usize, u64)> =
+                    w.copies.iter().map(|(slot, c)| (*slot, c.next)).collect();
+                Some((w.copies[copy].0, next, positions))
             }
         };
-        let Some((slot, chunk)) = taken else {
+        let Some((slot, chunk, positions)) = taken else {
             continue;
         };
+        // Not under the window's lock: readers take the selector's.
+        pool.note_scrub_positions(group, Some(&positions));
         let mut found = ScrubResult::default();
         let mut gone = false;
         match pool.scrub_copy(group, slot, chunk) {
@@ -470,4 +474,5 @@ fn scrub_window(pool: &PoolData, shared: &Shared, from: (usize, u64)) {
             }
         }
     });
+    pool.note_scrub_positions(group, None);
 }

@@ -437,6 +437,7 @@ impl Simulation {
                 .map(|(_, a)| a.queued as u32 + a.active)
                 .sum();
             self.selector.set_background(i, waiting);
+            self.selector.set_background_position(i, d.scrub_reads);
         }
         let choice = self
             .selector

@@ -84,6 +84,21 @@ impl PoolData {
             .collect()
     }
 
+    /// Tell the group's read selector how far each copy's scrub has got
+    /// (`positions`: member slot and next chunk); `None` when the scrub of
+    /// the group stops, so that no copy stays preferred.
+    pub fn note_scrub_positions(&self, group_index: usize, positions: Option<&[(usize, u64)]>) {
+        let mut selector = self.groups[group_index].selector.lock();
+        match positions {
+            Some(positions) => {
+                for &(slot, chunk) in positions {
+                    selector.set_background_position(slot, chunk);
+                }
+            }
+            None => selector.clear_background_positions(),
+        }
+    }
+
     /// Read and verify one copy (member `slot`) of one chunk, beside
     /// client I/O to it. The scrub reads each copy on its own, so that a
     /// copy slowed by client reads holds no other device idle.

@@ -159,6 +159,9 @@ struct CopyState {
     /// Background I/O (scrub, resilver) in the copy's device queue, queued
     /// or at the device, as the caller last reported it.
     background: u32,
+    /// How far the copy's scrub has got (its next chunk), as the caller
+    /// last reported it; equal on every copy when no scrub runs.
+    background_position: u64,
 }
 
 /// What the selector knows of one copy, for status and metrics.
@@ -299,6 +302,20 @@ impl MirrorSelector {
         self.copies[copy].background = ios;
     }
 
+    /// `copy`'s scrub has reached `chunk` (its next one to read). Among
+    /// equal copies a read goes to the one furthest ahead, so that the
+    /// copy holding the scrub back is interrupted least.
+    pub fn set_background_position(&mut self, copy: usize, chunk: u64) {
+        self.copies[copy].background_position = chunk;
+    }
+
+    /// No scrub runs: no copy is ahead.
+    pub fn clear_background_positions(&mut self) {
+        for copy in &mut self.copies {
+            copy.background_position = 0;
+        }
+    }
+
     fn service_of(copy: &CopyState, continues_run: bool) -> Option<f64> {
         if continues_run {
             copy.service_run.get()
@@ -346,7 +363,12 @@ impl MirrorSelector {
         // The earliest finish. Copies whose predictions are within the
         // estimates' noise of it are equals: among those the read goes where
         // the fewest are in flight (then where it continues a run), so that
-        // equal devices stay evenly loaded instead of following the noise.
+        // equal devices stay evenly loaded instead of following the noise;
+        // then to the copy whose scrub is furthest ahead. A mirror's scrub
+        // goes at the pace of its slowest copy, and a copy too far ahead
+        // waits idle for it: with the first copy taking every tie, a light
+        // reader slowed that copy's scrub and left the other drive idle 7-10%
+        // of the time (docs/scheduler.md).
         let predicted = |c: usize| self.predicted_ns(c, read);
         let best = usable
             .iter()
@@ -356,7 +378,14 @@ impl MirrorSelector {
         usable
             .iter()
             .filter(|&c| predicted(c) <= best * EQUAL_PREDICTIONS_RATIO)
-            .min_by_key(|&c| (self.copies[c].in_flight, !self.continues_run(c, read)))
+            .min_by_key(|&c| {
+                let s = &self.copies[c];
+                (
+                    s.in_flight,
+                    !self.continues_run(c, read),
+                    std::cmp::Reverse(s.background_position),
+                )
+            })
             .expect("the best is among them")
     }
 
@@ -576,6 +605,35 @@ mod tests {
         selector.set_background(0, 0);
         selector.set_background(1, 4);
         assert_eq!(selector.choose(read(0, 4096), now).unwrap().copy, 0);
+    }
+
+    #[test]
+    fn among_equal_copies_reads_go_to_the_copy_whose_scrub_is_ahead() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let now = run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
+        let chosen = |selector: &mut MirrorSelector| {
+            let choice = selector.choose(read(7 << 30, 4096), now).unwrap();
+            let copy = choice.copy;
+            selector.completed(choice, 100_000, now);
+            copy
+        };
+        // Both scrubbing, copy 1 ahead: it takes the reads, so copy 0
+        // (which the scrub waits for) is left alone.
+        selector.set_background(0, 4);
+        selector.set_background(1, 4);
+        selector.set_background_position(0, 100);
+        selector.set_background_position(1, 140);
+        assert_eq!(chosen(&mut selector), 1);
+        selector.set_background_position(0, 180);
+        assert_eq!(chosen(&mut selector), 0);
+        // Still only a tie-break: a copy with less queued wins regardless.
+        selector.set_background(0, 12);
+        assert_eq!(chosen(&mut selector), 1);
+        // Scrub over: the first copy again.
+        selector.set_background(0, 0);
+        selector.set_background(1, 0);
+        selector.clear_background_positions();
+        assert_eq!(chosen(&mut selector), 0);
     }
 
     #[test]
