@@ -102,6 +102,9 @@ pub struct VolumeCaps {
     pub rotational: bool,
 }
 
+/// Clones share the store and the locks: they are the same volume, for
+/// the steps of one request to hold on to.
+#[derive(Clone)]
 pub struct Volume {
     store: Arc<dyn Store>,
     read_only: bool,
@@ -281,7 +284,7 @@ impl Volume {
         }
         for (edge_start, edge_end) in [(offset, inner_start), (inner_end, end)] {
             if edge_start < edge_end {
-                let edge = self.clone_for_steps();
+                let edge = self.clone();
                 steps.push(Box::new(move |step_done| {
                     let zeroes = Patch::Zeroes((edge_end - edge_start) as usize);
                     edge.read_modify_write(edge_start, zeroes, false, step_done)
@@ -362,15 +365,6 @@ impl Volume {
                 )
             })
         })
-    }
-
-    /// What a step needs of the volume: the store, the locks and the block.
-    fn clone_for_steps(&self) -> Volume {
-        Volume {
-            store: Arc::clone(&self.store),
-            read_only: self.read_only,
-            locks: Arc::clone(&self.locks),
-        }
     }
 
     /// Allocation map of the range, at most `extents_max` extents.
