@@ -13,6 +13,9 @@
 //! ops per second, and tries again after a while. The other arm must win
 //! by a margin to replace the one in use.
 //!
+//! The connection thread applies the same decision to its socket when
+//! nothing is in flight (server/connection.rs), so the trial measures both.
+//!
 //! Sans-IO: the caller reports completed ops with the time, and asks for
 //! the window.
 
