@@ -9,11 +9,9 @@
 //! polling vCPU takes CPU time from the host's emulation of the disk).
 //! No depth or latency threshold separates the two reliably, so the
 //! thread measures: it alternates short epochs with and without polling
-//! (A B B A, which cancels a steady drift), polls unless sleeping
-//! completed clearly more ops per second, and tries again after a while.
-//!
-//! The connection thread applies the same decision to its socket when
-//! nothing is in flight (server/connection.rs), so the trial measures both.
+//! (A B B A, which cancels a steady drift), keeps whichever completed more
+//! ops per second, and tries again after a while. The other arm must win
+//! by a margin to replace the one in use.
 //!
 //! Sans-IO: the caller reports completed ops with the time, and asks for
 //! the window.
@@ -35,16 +33,9 @@ const TRIAL_ORDER: [bool; 4] = [false, true, true, false];
 /// How long a decision holds before the next trial. A trial spends half
 /// its time on the losing arm, so it should be a small part of this.
 const SETTLE: Duration = Duration::from_secs(5);
-/// Sleeping must complete this much more per second than polling to be
-/// chosen; a tie goes to polling. The two arms affect each other: right
-/// after polling, a sleeping thread keeps the placement polling gave it
-/// for a while (on the VM measured, fio and the thread stay on separate
-/// vCPUs), so a trial sees ties that forced arms in separate runs do not.
-/// At depth 32, with ties going to sleep, 5 s fio runs gave a median of
-/// 57.3k IOPS (51.8k-60.9k over 8 rounds); with ties going to polling,
-/// 58.8k (54.5k-60.0k), and polling forced on gave the same. At depth 1
-/// the two rules measured the same (10.3k and 10.5k). The price is CPU:
-/// a thread that polls burns up to `WINDOW` per wait.
+/// The other arm must complete this much more per second to replace the
+/// one in use: a thread that sleeps keeps sleeping on a tie (polling costs
+/// CPU), and one that polls is not switched back and forth by noise.
 const SWITCH_MARGIN: f64 = 1.05;
 /// An epoch with fewer ops than this is too quiet to compare; a trial
 /// that meets one is abandoned (polling off) until work picks up.
@@ -57,6 +48,8 @@ enum Phase {
         until: Instant,
     },
     Trial {
+        /// The arm in use before the trial: it stays unless the other wins.
+        was_polling: bool,
         epoch: usize,
         ops: [u64; 2],
         time: [Duration; 2],
@@ -79,6 +72,7 @@ impl SpinTrial {
     pub fn new(now: Instant) -> SpinTrial {
         SpinTrial {
             phase: Phase::Trial {
+                was_polling: false,
                 epoch: 0,
                 ops: [0; 2],
                 time: [Duration::ZERO; 2],
@@ -127,7 +121,8 @@ impl SpinTrial {
         self.counting_since = None;
         let busy = epoch_ops >= OPS_PER_EPOCH_MIN;
         self.phase = match self.phase {
-            Phase::Settled { until, .. } if busy && now >= until => Phase::Trial {
+            Phase::Settled { until, polling } if busy && now >= until => Phase::Trial {
+                was_polling: polling,
                 epoch: 0,
                 ops: [0; 2],
                 time: [Duration::ZERO; 2],
@@ -143,6 +138,7 @@ impl SpinTrial {
                 until: now,
             },
             Phase::Trial {
+                was_polling,
                 epoch,
                 mut ops,
                 mut time,
@@ -152,13 +148,18 @@ impl SpinTrial {
                 time[arm] += elapsed;
                 if epoch + 1 < TRIAL_ORDER.len() {
                     Phase::Trial {
+                        was_polling,
                         epoch: epoch + 1,
                         ops,
                         time,
                     }
                 } else {
                     let rate = |arm: usize| ops[arm] as f64 / time[arm].as_secs_f64().max(1e-9);
-                    let polling = rate(0) <= rate(1) * SWITCH_MARGIN;
+                    let polling = if was_polling {
+                        rate(0) <= rate(1) * SWITCH_MARGIN
+                    } else {
+                        rate(1) > rate(0) * SWITCH_MARGIN
+                    };
                     tracing::trace!(
                         sleeping_ops_per_s = rate(0),
                         polling_ops_per_s = rate(1),
@@ -240,8 +241,8 @@ mod tests {
     }
 
     #[test]
-    fn a_tie_starts_polling() {
-        assert!(decide(100, 103).0);
+    fn a_tie_does_not_start_polling() {
+        assert!(!decide(103, 100).0);
     }
 
     #[test]
