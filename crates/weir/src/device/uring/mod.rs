@@ -28,6 +28,7 @@ use super::{Completion, DeviceOp};
 use flight::{Flight, Step, TOKEN_FIRST_RESERVED};
 
 mod flight;
+mod reserve;
 mod thread_ring;
 
 pub use thread_ring::{without_thread_ring, ThreadRing};

@@ -22,12 +22,18 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::super::{Completion, DeviceOp, Outcome};
 use super::flight::{Flight, Step, TOKEN_FIRST_RESERVED};
+use super::reserve::Reserve;
+
+/// Thread rings that have device ops in flight, process-wide: a ring alone
+/// may hold a reserve.
+static RINGS_WITH_DEVICE_OPS: AtomicUsize = AtomicUsize::new(0);
 
 const RING_ENTRIES: u32 = 256;
 /// Ops in one thread ring at once; past this, ops go to the device thread.
@@ -44,6 +50,11 @@ struct State {
     flight: Flight,
     /// Entries that found the submission queue full.
     overflow: VecDeque<squeue::Entry>,
+    /// Entries held back from the device (see `reserve`).
+    held: VecDeque<squeue::Entry>,
+    reserve: Reserve,
+    /// Whether this ring counts in `RINGS_WITH_DEVICE_OPS`.
+    counted_busy: bool,
     poll_armed: bool,
     /// Ops ever submitted through this ring.
     submitted_total: u64,
@@ -69,6 +80,43 @@ impl State {
             self.push(poll);
             self.poll_armed = true;
         }
+    }
+
+    /// Ops in the kernel's hands (submitted or queued to be).
+    fn device_ops(&self) -> usize {
+        self.flight.in_flight() - self.held.len()
+    }
+
+    /// Keep `RINGS_WITH_DEVICE_OPS` true of this ring.
+    fn update_busy(&mut self) {
+        let busy = self.flight.in_flight() > 0;
+        if busy != self.counted_busy {
+            self.counted_busy = busy;
+            if busy {
+                RINGS_WITH_DEVICE_OPS.fetch_add(1, Ordering::Relaxed);
+            } else {
+                RINGS_WITH_DEVICE_OPS.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many ops the device may have now.
+    fn device_cap(&mut self) -> usize {
+        self.reserve
+            .note_rings_busy(RINGS_WITH_DEVICE_OPS.load(Ordering::Relaxed));
+        self.reserve.device_cap()
+    }
+
+    /// Pass held entries to the device while the reserve allows.
+    fn release_held(&mut self) -> bool {
+        let mut released = false;
+        let cap = self.device_cap();
+        while !self.held.is_empty() && self.device_ops() < cap {
+            let entry = self.held.pop_front().expect("checked non-empty");
+            self.push(entry);
+            released = true;
+        }
+        released
     }
 
     /// Move overflowed entries into the submission queue while it has room.
@@ -107,6 +155,9 @@ impl ThreadRing {
             ring,
             flight: Flight::default(),
             overflow: VecDeque::new(),
+            held: VecDeque::new(),
+            reserve: Reserve::default(),
+            counted_busy: false,
             poll_armed: false,
             submitted_total: 0,
             completed_total: 0,
@@ -185,7 +236,7 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
             .map(|cqe| (cqe.user_data(), cqe.result()))
             .collect();
         let mut finished = Vec::with_capacity(completions.len());
-        let mut resubmitted = false;
+        let mut submit_now = false;
         for (token, result) in completions {
             if token == POLL_TOKEN {
                 state.poll_armed = false;
@@ -195,15 +246,21 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
             match state.flight.complete(token, result) {
                 Step::Resubmit(entry) => {
                     state.push(entry);
-                    resubmitted = true;
+                    submit_now = true;
                 }
                 Step::Finished(done, outcome) => finished.push((done, outcome)),
             }
         }
         state.completed_total += finished.len() as u64;
-        if resubmitted {
+        let device_ops_left = state.device_ops();
+        state.reserve.reaped(finished.len(), device_ops_left);
+        // Held ops go to the device before any completion runs (and
+        // queues its reply): the device works while the client turns round.
+        submit_now |= state.release_held();
+        state.update_busy();
+        if submit_now {
             // The caller may block elsewhere next; the rest of a short
-            // transfer must not wait for it.
+            // transfer, and released ops, must not wait for it.
             state.refill();
             enter(&state.ring, 0);
         }
@@ -276,7 +333,14 @@ pub(super) fn try_submit(
             return Err((op, done));
         }
         let entry = state.flight.start(fd, op, done);
-        state.push(entry);
+        state.update_busy();
+        let outstanding = state.flight.in_flight();
+        state.reserve.note_depth(outstanding);
+        if state.device_ops() > state.device_cap() {
+            state.held.push_back(entry);
+        } else {
+            state.push(entry);
+        }
         state.submitted_total += 1;
         Ok(())
     })

@@ -210,3 +210,54 @@ fn slow_path_behind_own_in_flight_write_does_not_deadlock() {
         assert!(bytes[110..].iter().all(|&b| b == 7));
     });
 }
+
+#[test]
+fn held_ops_reach_the_device_and_complete_with_their_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = file_device(&dir);
+    within_10s(move || {
+        let ring = ThreadRing::enter().unwrap();
+        ring.state.borrow_mut().reserve.fixed_cap = Some(3);
+        let (tx, rx) = mpsc::channel::<Outcome>();
+        for i in 0..32u64 {
+            let tx = tx.clone();
+            let op = DeviceOp::Write {
+                offset: i * 4096,
+                buf: filled(4096, i as u8 + 1),
+                durable: false,
+            };
+            device.submit(op, Box::new(move |o| tx.send(o).unwrap()));
+        }
+        assert_eq!(ring.in_flight(), 32);
+        assert_eq!(ring.state.borrow().held.len(), 29, "all but 3 held back");
+        while ring.in_flight() > 0 {
+            ring.wait(None);
+            assert!(ring.state.borrow().device_ops() <= 3);
+        }
+        for _ in 0..32 {
+            rx.try_recv().expect("every write completed").result.unwrap();
+        }
+        for i in 0..32u64 {
+            let tx = tx.clone();
+            let op = DeviceOp::Read {
+                offset: i * 4096,
+                buf: AlignedBuf::new(4096),
+            };
+            device.submit(op, Box::new(move |o| tx.send(o).unwrap()));
+        }
+        while ring.in_flight() > 0 {
+            ring.wait(None);
+        }
+        let mut seen = Vec::new();
+        for _ in 0..32 {
+            let outcome = rx.try_recv().expect("every read completed");
+            outcome.result.unwrap();
+            let data = outcome.buf.expect("a read returns its buffer");
+            let byte = data.as_slice()[0];
+            assert!(data.as_slice().iter().all(|&b| b == byte));
+            seen.push(byte);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (1..=32).collect::<Vec<u8>>());
+    });
+}
