@@ -235,7 +235,10 @@ fn held_ops_reach_the_device_and_complete_with_their_data() {
             assert!(ring.state.borrow().device_ops() <= 3);
         }
         for _ in 0..32 {
-            rx.try_recv().expect("every write completed").result.unwrap();
+            rx.try_recv()
+                .expect("every write completed")
+                .result
+                .unwrap();
         }
         for i in 0..32u64 {
             let tx = tx.clone();
