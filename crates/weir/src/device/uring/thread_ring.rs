@@ -131,6 +131,16 @@ impl State {
     }
 }
 
+impl Drop for State {
+    /// A thread that unwinds with ops in flight must not leave other rings
+    /// believing it busy (they would never hold a reserve again).
+    fn drop(&mut self) {
+        if self.counted_busy {
+            RINGS_WITH_DEVICE_OPS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// This thread's ring; ops submitted on this thread go to it until it drops.
 pub struct ThreadRing {
     state: Rc<RefCell<State>>,
