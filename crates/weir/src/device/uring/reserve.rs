@@ -11,9 +11,9 @@
 //! Holding a quarter of the ops back fills that gap: when the batch of
 //! completions arrives, the held ops go to the device before any reply is
 //! sent, so the device works while the client turns around. 4 KiB random
-//! reads from a file went from about 0.75 to about 0.85 of fio's io_uring
-//! limit at depth 32, and gained 10-30% at depth 8 and 16 (see
-//! docs/benchmarks.md).
+//! reads from a file went from 0.78 to 0.88 of fio's io_uring limit at
+//! depth 32 (medians of 5 alternating rounds), and gained 15-20% at depth
+//! 8 and 16 (see docs/benchmarks.md).
 //!
 //! A device that completes each op on its own (most NVMe drives) would
 //! lose a quarter of its depth instead and gain nothing. So the ring holds
@@ -51,8 +51,8 @@ pub(super) struct Reserve {
     /// Windows the reserve stays on before a window without it checks
     /// that the device still drains; zero while checking.
     reserve_windows_left: usize,
-    /// Reaps in this window that found completions with two or more ops in
-    /// the device and left it empty.
+    /// Reaps in this window that found two or more ops done and none left
+    /// in the device.
     drains_this_window: usize,
     /// Most ops the ring had outstanding in this window and the last one.
     depth_this_window: usize,
@@ -84,7 +84,7 @@ impl Reserve {
         if ops == 0 {
             return;
         }
-        if ops + device_ops_left >= 2 && device_ops_left == 0 {
+        if ops >= 2 && device_ops_left == 0 {
             self.drains_this_window += 1;
         }
         self.shared_countdown = self.shared_countdown.saturating_sub(ops);
