@@ -349,7 +349,7 @@ impl IoQueue {
         if self.mode != Mode::Adaptive || self.classes.iter().all(|c| c.len() == 0) {
             return None;
         }
-        self.adaptive.next_deadline().filter(|t| *t > now)
+        self.adaptive.next_deadline(now)
     }
 
     /// Per class: waiting and active counts.

@@ -376,3 +376,30 @@ fn adaptive_sends_nothing_behind_a_lone_read_the_drive_is_serving() {
     let after = drain(&mut queue, now + 10_000_000);
     assert!(!after.is_empty() && after.iter().all(|d| d.class == IoClass::Scrub));
 }
+
+#[test]
+fn adaptive_fills_a_gap_in_dense_interactive_work_but_not_in_light_work() {
+    // Dense: back-to-back 10 ms reads stop (a mirror's reader moved to the
+    // other copy). Right away background keeps its controlled depth; once
+    // the gap has lasted a read's service time, it gets the full depth.
+    let (mut queue, now, at_device, _) = rotating_queue_after_dense_reads();
+    let full = adaptive::BACKGROUND_DEPTH_MAX as usize;
+    assert!(
+        at_device.len() < full,
+        "{} background I/Os at once right after the reads",
+        at_device.len()
+    );
+    let in_gap = drain(&mut queue, now + 11_000_000);
+    assert_eq!(at_device.len() + in_gap.len(), full, "the gap is filled");
+    // Light: 1 ms reads with 10 ms gaps. Eleven service times after the
+    // last read the device is still not opened: the next read would find
+    // it full.
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let (now, _) = light_then(&mut queue, 10_000_000);
+    let in_gap = drain(&mut queue, now + 1_100_000);
+    assert!(
+        in_gap.len() < full,
+        "{} background I/Os in a gap of light work",
+        in_gap.len()
+    );
+}
