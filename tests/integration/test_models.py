@@ -160,10 +160,10 @@ class Bench(unittest.TestCase):
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
         """Issue 5's scenario in the simulator, short: every mode in one
         invocation, labelled, with the bars that hold on every seed checked
-        here. Not checked: bar 3's scrub (0.83-0.84x zfs's in 10 s, 0.90-0.91x
-        in 60 s; 0.95 needed) and bar 4's scrub, which meets 0.70 in 60 s
-        runs (0.71-0.72) but not in 10 s ones (0.65-0.67); docs/scheduler.md
-        has their figures."""
+        here. Not checked: bar 3's scrub (0.89x zfs's in 10 s, 0.93x in 20 s,
+        0.947-0.963x in 60 s on seeds 1-10; 0.95 needed) and bar 4's scrub,
+        which meets 0.70 in 60 s runs (0.71-0.73) but not in 10 s ones;
+        docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:
             result = run(WEIR, "bench", "scheduler", "--sim", "--seconds", "10", "--out", out,
                          check=False, timeout=300)

@@ -23,7 +23,7 @@ pub enum BenchCommand {
     ScrubVsRandread(ScenarioArgs),
     /// Seed 001: bursts of large writes stall reads on a SATA SSD.
     WritebackVsRandread(ScenarioArgs),
-    /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors (sim only, so far).
+    /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors: --sim, --real (pools it serves) or --uri.
     Scheduler(ScenarioArgs),
     /// Issue 6: every mirror read policy on NVMe + SSD, equal NVMe, HDD and a copy that slows down (sim).
     MirrorReads(ScenarioArgs),

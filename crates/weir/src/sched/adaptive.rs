@@ -27,7 +27,8 @@ const SHARE_WINDOW_SERVICES: f64 = 9.0;
 /// of background I/O.
 const IDLE_AFTER_SERVICES: f64 = 64.0;
 /// Dense interactive work (see `background_may_pass`) counts as gone
-/// after a gap of this many service times. A gap in dense work is where
+/// after a gap of this many service times, or of `TURNAROUND_FACTOR`
+/// times its usual turnaround if that is longer. A gap in dense work is where
 /// background gets its device time: a QD1 reader on a mirror moves
 /// between the copies in runs of about 100 ms, and the copy it left
 /// should stream its scrub until the reader comes back, not stay held to
@@ -36,14 +37,22 @@ const IDLE_AFTER_SERVICES: f64 = 64.0;
 /// took the scrub beside such a reader from 0.90-0.91x zfs's to about
 /// 0.95x (docs/scheduler.md).
 const DENSE_GAP_SERVICES: f64 = 1.0;
+/// A client's turnaround is the gap between one interactive I/O's end
+/// and the next one's start. Through NBD it is 0.1-0.3 ms: short against
+/// an HDD read, but longer than a flash read, so one service time alone
+/// took every turnaround for a pause. Background then filled the device
+/// before each read, and the SSD reader's p99 beside a scrub went from
+/// 1.5x to 8.9x its idle p99 in real time.
+const TURNAROUND_FACTOR: f64 = 4.0;
 /// The share of the latency slack one background piece may take.
 const PIECE_SLACK_SHARE: f64 = 0.125;
 /// The share of the latency slack that background streaming in the
 /// device may take ahead of a lone interactive I/O waiting there. Three
 /// quarters rather than a half gave the scrub beside a QD1 reader
-/// 0.3-0.8% more and kept the reader's max 1.13-1.35x better than zfs's
-/// on seeds 1-10; a whole slack gave about the same scrub and a max only
-/// 1.05x better on some seeds (docs/scheduler.md).
+/// 0.3-0.8% more on seeds 1-8, with the reader's max 1.13-1.35x better
+/// than zfs's on seeds 1-10 (before the turnaround rule); a whole slack
+/// gave about the same scrub and a max only 1.05x better on some seeds
+/// (docs/scheduler.md).
 const STREAM_SLACK_SHARE: f64 = 0.75;
 /// Background pieces are whole 4 KiB blocks.
 const PIECE_ALIGN_BYTES: u64 = 4096;
@@ -115,6 +124,10 @@ pub struct Adaptive {
     gap_period: Ewma,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
+    /// Decaying length (ns) of the gaps in dense interactive work, each
+    /// counted up to the length that would have made it a pause: the
+    /// client's turnaround, which a pause must outlast.
+    turnaround: Ewma,
 }
 
 impl Default for Adaptive {
@@ -138,6 +151,7 @@ impl Default for Adaptive {
             gap_period: Ewma::default(),
             busy_since: None,
             gap_since: None,
+            turnaround: Ewma::default(),
         }
     }
 }
@@ -228,12 +242,25 @@ impl Adaptive {
     /// the device full, and for work not measured yet.
     fn interactive_gone_after(&self, now: Nanos) -> f64 {
         let dense = self.gap_period.get().is_some() && self.background_may_pass(now);
-        let services = if dense {
-            DENSE_GAP_SERVICES
+        if dense {
+            self.dense_pause_after()
         } else {
-            IDLE_AFTER_SERVICES
+            self.interactive_service()
+                .map_or(0.0, |s| s * IDLE_AFTER_SERVICES)
+        }
+    }
+
+    /// How long a gap in dense interactive work lasts before it counts as
+    /// a pause (ns): longer than a service time and than the client's
+    /// usual turnaround, never longer than the idle rule's.
+    fn dense_pause_after(&self) -> f64 {
+        let Some(service) = self.interactive_service() else {
+            return 0.0;
         };
-        self.interactive_service().map_or(0.0, |s| s * services)
+        let turnaround = self.turnaround.get().unwrap_or(0.0) * TURNAROUND_FACTOR;
+        (service * DENSE_GAP_SERVICES)
+            .max(turnaround)
+            .min(service * IDLE_AFTER_SERVICES)
     }
 
     /// Background I/Os an interactive arrival may find ahead of it and
@@ -384,7 +411,11 @@ impl Adaptive {
             self.background_since_interactive = 0;
             if self.busy_since.is_none() {
                 if let Some(since) = self.gap_since.take() {
-                    self.gap_period.record(now.saturating_sub(since) as f64);
+                    let gap = now.saturating_sub(since) as f64;
+                    self.gap_period.record(gap);
+                    // Capped, so that the pauses themselves do not
+                    // stretch the estimate they are judged by.
+                    self.turnaround.record(gap.min(self.dense_pause_after()));
                 }
                 self.busy_since = Some(now);
             }
@@ -478,8 +509,8 @@ impl Adaptive {
     pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
         let share = self.share_window().map(|w| self.last_background + w);
         let gone = self.interactive_service().into_iter().flat_map(|s| {
-            [DENSE_GAP_SERVICES, IDLE_AFTER_SERVICES]
-                .map(|services| self.last_interactive + (s * services) as Nanos)
+            [self.dense_pause_after(), s * IDLE_AFTER_SERVICES]
+                .map(|after| self.last_interactive + after as Nanos)
         });
         share.into_iter().chain(gone).filter(|t| *t > now).min()
     }

@@ -403,3 +403,41 @@ fn adaptive_fills_a_gap_in_dense_interactive_work_but_not_in_light_work() {
         in_gap.len()
     );
 }
+
+#[test]
+fn adaptive_does_not_take_a_clients_turnaround_for_a_pause() {
+    // Flash through NBD: each 4 KiB read takes 100 us in the device, and
+    // the client sends the next 120 us after the last one ends. That is
+    // dense work whose gaps are longer than a service time, but they are
+    // the client's turnaround, not a pause: background must not fill them.
+    let mut queue = IoQueue::new(Mode::Adaptive, false);
+    let mut now = clean_reads(&mut queue, 0, 100_000);
+    for id in 0..2000 {
+        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 16, 1 << 16), now);
+    }
+    let mut in_device = Vec::new();
+    for id in 0..60 {
+        queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 30, 4096), now);
+        in_device.extend(drain(&mut queue, now).into_iter().map(|d| d.id));
+        now += 100_000;
+        for id in in_device.drain(..) {
+            queue.complete(id, now);
+        }
+        now += 120_000;
+    }
+    // The last gap has just lasted a turnaround.
+    let in_turnaround = drain(&mut queue, now);
+    let full = adaptive::BACKGROUND_DEPTH_MAX as usize;
+    assert!(
+        in_turnaround.len() < full,
+        "{} background I/Os in a turnaround",
+        in_turnaround.len()
+    );
+    // A gap of ten turnarounds is a pause: the device is background's.
+    let in_pause = drain(&mut queue, now + 1_200_000);
+    assert_eq!(
+        in_turnaround.len() + in_pause.len(),
+        full,
+        "the pause is filled"
+    );
+}
