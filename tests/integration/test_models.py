@@ -161,7 +161,7 @@ class Bench(unittest.TestCase):
         """Issue 5's scenario in the simulator, short: every mode in one
         invocation, labelled, with the bars that hold on every seed checked
         here. Not checked: bar 3's scrub (0.89x zfs's in 10 s, 0.93x in 20 s,
-        0.947-0.963x in 60 s on seeds 1-10; 0.95 needed) and bar 4's scrub,
+        0.949-0.965x in 60 s on seeds 1-10; 0.95 needed) and bar 4's scrub,
         which meets 0.70 in 60 s runs (0.71-0.73) but not in 10 s ones;
         docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:

@@ -124,9 +124,9 @@ pub struct Adaptive {
     gap_period: Ewma,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
-    /// Decaying length (ns) of the gaps in dense interactive work, each
-    /// counted up to the length that would have made it a pause: the
-    /// client's turnaround, which a pause must outlast.
+    /// Decaying length (ns) of the gaps between interactive busy
+    /// periods, each counted up to the length that makes a pause in
+    /// dense work: the client's turnaround, which a pause must outlast.
     turnaround: Ewma,
 }
 
@@ -504,14 +504,13 @@ impl Adaptive {
         }
     }
 
-    /// When, after `now`, a timer of ours runs out (share window, dense
-    /// or light interactive work gone), if one is set.
+    /// When, after `now`, a timer of ours runs out (share window,
+    /// interactive work gone), if one is set.
     pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
         let share = self.share_window().map(|w| self.last_background + w);
-        let gone = self.interactive_service().into_iter().flat_map(|s| {
-            [self.dense_pause_after(), s * IDLE_AFTER_SERVICES]
-                .map(|after| self.last_interactive + after as Nanos)
-        });
+        let gone = self
+            .interactive_service()
+            .map(|_| self.last_interactive + self.interactive_gone_after(now) as Nanos);
         share.into_iter().chain(gone).filter(|t| *t > now).min()
     }
 }
