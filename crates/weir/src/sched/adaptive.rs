@@ -28,8 +28,8 @@ const SHARE_WINDOW_SERVICES: f64 = 9.0;
 const IDLE_AFTER_SERVICES: f64 = 64.0;
 /// Dense interactive work (see `background_may_pass`) counts as gone
 /// after a gap of this many service times, or of `TURNAROUND_FACTOR`
-/// times its usual turnaround if that is longer. A gap in dense work is where
-/// background gets its device time: a QD1 reader on a mirror moves
+/// times its usual turnaround if that is longer. A gap in dense work is
+/// where background gets its device time: a QD1 reader on a mirror moves
 /// between the copies in runs of about 100 ms, and the copy it left
 /// should stream its scrub until the reader comes back, not stay held to
 /// the controlled depth for 64 service times (most of the gap). Only the
@@ -510,7 +510,8 @@ impl Adaptive {
         let share = self.share_window().map(|w| self.last_background + w);
         let gone = self
             .interactive_service()
-            .map(|_| self.last_interactive + self.interactive_gone_after(now) as Nanos);
+            .is_some()
+            .then(|| self.last_interactive + self.interactive_gone_after(now) as Nanos);
         share.into_iter().chain(gone).filter(|t| *t > now).min()
     }
 }
