@@ -428,7 +428,10 @@ impl Simulation {
             requester: job as u64,
         };
         let now = self.now;
-        // The selector weighs each copy's background work, as a pool's does.
+        // The selector weighs each copy's background work, as a pool's does,
+        // and hears the scrub's positions only once a scrub has begun (a
+        // pool's scrub tells them only while it runs).
+        let scrubbing = self.devices.iter().any(|d| d.scrub_reads > 0);
         for (i, d) in self.devices.iter().enumerate() {
             let waiting: u32 = IoClass::ALL
                 .iter()
@@ -437,7 +440,9 @@ impl Simulation {
                 .map(|(_, a)| a.queued as u32 + a.active)
                 .sum();
             self.selector.set_background(i, waiting);
-            self.selector.set_background_position(i, d.scrub_reads);
+            if scrubbing {
+                self.selector.set_background_position(i, d.scrub_reads);
+            }
         }
         let choice = self
             .selector

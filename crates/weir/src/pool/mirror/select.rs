@@ -17,9 +17,12 @@
 //! and one for the rest, so a sequential run stays where its next read is
 //! cheap (a rotating disk's head is there) and spreads where it is not
 //! (flash). Now and then it probes a copy it has not heard from, so that a
-//! copy that got faster is noticed.
+//! copy that got faster is noticed. While a scrub runs, the copies' scrub
+//! positions move reads instead: a copy whose scrub falls behind is left
+//! for the others.
 
 use crate::device::model::{Nanos, NANOS_PER_MS};
+use crate::pool::scrub::COPY_LEAD_MAX_CHUNKS;
 use crate::sched::Ewma;
 
 /// How a mirror picks the copy that serves a read.
@@ -74,6 +77,18 @@ const PROBE_AFTER_NS: Nanos = 100 * NANOS_PER_MS;
 /// this long, while another copy can serve: the read heals the block, but
 /// a device that has begun to return bad data often goes on doing so.
 const CHECKSUM_AVOID_NS: Nanos = 1000 * NANOS_PER_MS;
+
+/// While a scrub runs, a copy whose scrub lags the furthest-ahead copy's by
+/// more than this many chunks gets no reads (a quarter of the lead the
+/// pool's scrub allows). The reader stays on its copy until then, so its
+/// drive's scrub is interrupted in runs of about half a second on a disk,
+/// not every 100 ms, and the copy it leaves catches up in one stretch.
+const SCRUB_LAG_SWITCH_CHUNKS: u64 = COPY_LEAD_MAX_CHUNKS / 4;
+/// A lagging copy still gets reads when it serves them this many times
+/// faster than every copy that is not lagging: flash beside a disk keeps
+/// the reads although its scrub is held back. Two like disks' estimates,
+/// taken at different background depths, stay within about 3x.
+const LAGGING_COPY_FASTER_RATIO: f64 = 4.0;
 
 /// Predictions within this ratio of the earliest are taken as equal: the
 /// service estimates of two identical devices differ by a few percent from
@@ -182,6 +197,8 @@ pub struct MirrorSelector {
     copies: Vec<CopyState>,
     round_robin_copy: usize,
     round_robin_left: u64,
+    /// A scrub runs and has said where each copy's is.
+    scrub_positions_known: bool,
 }
 
 impl MirrorSelector {
@@ -192,6 +209,7 @@ impl MirrorSelector {
             copies: vec![CopyState::default(); copies],
             round_robin_copy: 0,
             round_robin_left: ROUND_ROBIN_RUN_BYTES,
+            scrub_positions_known: false,
         }
     }
 
@@ -302,11 +320,13 @@ impl MirrorSelector {
         self.copies[copy].background = ios;
     }
 
-    /// `copy`'s scrub has reached `chunk` (its next one to read). Among
-    /// equal copies a read goes to the one furthest ahead, so that the
-    /// copy holding the scrub back is interrupted least.
+    /// `copy`'s scrub has reached `chunk` (its next one to read). A copy
+    /// lagging far behind gets no reads, and among equal copies a read goes
+    /// to the one furthest ahead, so that the copy holding the scrub back
+    /// is interrupted least.
     pub fn set_background_position(&mut self, copy: usize, chunk: u64) {
         self.copies[copy].background_position = chunk;
+        self.scrub_positions_known = true;
     }
 
     /// No scrub runs: no copy is ahead.
@@ -314,6 +334,7 @@ impl MirrorSelector {
         for copy in &mut self.copies {
             copy.background_position = 0;
         }
+        self.scrub_positions_known = false;
     }
 
     fn service_of(copy: &CopyState, continues_run: bool) -> Option<f64> {
@@ -339,7 +360,11 @@ impl MirrorSelector {
         // stream to the probed copy, and there it can wait long behind
         // other work (measured on this VM: the kernel's mq-deadline held
         // such a read for its 500 ms read deadline while the stream's
-        // neighbours went first).
+        // neighbours went first). Never while a scrub runs: the lag rule
+        // below moves reads between copies then, and a probe moved the
+        // reader outright (the probed device cuts its background depth for
+        // the probe, so it looks the less busy), so on a disk mirror
+        // every 100 ms probe cost each drive's scrub a seek back.
         let in_a_run = usable.iter().any(|c| self.continues_run(c, read));
         let stale = usable
             .iter()
@@ -348,7 +373,7 @@ impl MirrorSelector {
                 s.in_flight == 0 && now.saturating_sub(s.last_heard) >= PROBE_AFTER_NS
             })
             .min_by_key(|&c| self.copies[c].last_heard);
-        if let Some(stale) = stale.filter(|_| !in_a_run) {
+        if let Some(stale) = stale.filter(|_| !in_a_run && !self.scrub_positions_known) {
             return stale;
         }
         // Before any copy is measured, a run stays where it is and other
@@ -369,6 +394,7 @@ impl MirrorSelector {
         // waits idle for it: with the first copy taking every tie, a light
         // reader slowed that copy's scrub and left the other drive idle 7-10%
         // of the time (docs/scheduler.md).
+        let usable = self.not_lagging(usable, read);
         let predicted = |c: usize| self.predicted_ns(c, read);
         let best = usable
             .iter()
@@ -387,6 +413,37 @@ impl MirrorSelector {
                 )
             })
             .expect("the best is among them")
+    }
+
+    /// `usable` without the copies whose scrub lags the furthest-ahead
+    /// usable copy's by more than `SCRUB_LAG_SWITCH_CHUNKS`, unless such a
+    /// copy serves this kind of read `LAGGING_COPY_FASTER_RATIO` times
+    /// faster than every copy that keeps up. A reader on a copy holds its
+    /// scrub back (its queue throttles background for the reader), so the
+    /// reader moves once that copy has fallen behind, and the copy catches
+    /// up while the other is interrupted in turn.
+    fn not_lagging(&self, usable: CopySet, read: ReadRequest) -> CopySet {
+        if !self.scrub_positions_known {
+            return usable;
+        }
+        let position = |c: usize| self.copies[c].background_position;
+        let lead = usable.iter().map(position).max().unwrap_or(0);
+        let keeping_up = CopySet::of(self.copies.len(), |c| {
+            usable.contains(c) && position(c) + SCRUB_LAG_SWITCH_CHUNKS >= lead
+        });
+        let service = |c: usize| {
+            Self::service_of(&self.copies[c], self.continues_run(c, read)).unwrap_or(0.0)
+        };
+        let fastest_keeping_up = keeping_up
+            .iter()
+            .map(service)
+            .min_by(f64::total_cmp)
+            .expect("the furthest ahead keeps up");
+        CopySet::of(self.copies.len(), |c| {
+            keeping_up.contains(c)
+                || (usable.contains(c)
+                    && service(c) * LAGGING_COPY_FASTER_RATIO < fastest_keeping_up)
+        })
     }
 
     /// `choice`'s read is done after `latency_ns`.
@@ -634,6 +691,55 @@ mod tests {
         selector.set_background(1, 0);
         selector.clear_background_positions();
         assert_eq!(chosen(&mut selector), 0);
+    }
+
+    #[test]
+    fn during_a_scrub_a_reader_moves_when_its_copy_lags_not_on_probes() {
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let mut now = run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
+        // As on a disk mirror: the reader's copy throttles its scrub, so
+        // less background is at that device than at the other.
+        selector.set_background(0, 4);
+        selector.set_background(1, 10);
+        let read_at = |selector: &mut MirrorSelector, now: Nanos| {
+            let choice = selector.choose(read(9 << 30, 4096), now).unwrap();
+            selector.completed(choice, 100_000, now + 100_000);
+            choice.copy
+        };
+        // Reads a probe interval apart stay on copy 0 while its scrub lags
+        // copy 1's by up to the switch lag.
+        for lag in [0, 10, SCRUB_LAG_SWITCH_CHUNKS] {
+            selector.set_background_position(0, 1000);
+            selector.set_background_position(1, 1000 + lag);
+            now += 2 * PROBE_AFTER_NS;
+            assert_eq!(read_at(&mut selector, now), 0, "lag {lag}");
+        }
+        // One chunk more and the reader moves.
+        selector.set_background_position(1, 1001 + SCRUB_LAG_SWITCH_CHUNKS);
+        now += 2 * PROBE_AFTER_NS;
+        assert_eq!(read_at(&mut selector, now), 1);
+        // Scrub over: probes again. Copy 1 now predicts the sooner finish,
+        // but copy 0 has not been heard from for longest.
+        selector.clear_background_positions();
+        selector.set_background(0, 10);
+        selector.set_background(1, 4);
+        now += 2 * PROBE_AFTER_NS;
+        assert_eq!(read_at(&mut selector, now), 0);
+    }
+
+    #[test]
+    fn a_much_faster_copy_keeps_the_reads_although_its_scrub_lags() {
+        // Flash beside a disk: the flash copy's scrub is behind.
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let now = run_one_at_a_time(&mut selector, &[100_000, 10_000_000], 10_000);
+        assert!(selector.estimates(now)[1].service_ns.is_some());
+        selector.set_background_position(0, 0);
+        selector.set_background_position(1, 10 * SCRUB_LAG_SWITCH_CHUNKS);
+        for i in 0..10 {
+            let choice = selector.choose(read(i << 20, 4096), now).unwrap();
+            assert_eq!(choice.copy, 0);
+            selector.completed(choice, 100_000, now);
+        }
     }
 
     #[test]
