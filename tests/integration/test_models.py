@@ -160,8 +160,8 @@ class Bench(unittest.TestCase):
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
         """Issue 5's scenario in the simulator, short: every mode in one
         invocation, labelled, with the bars that hold on every seed checked
-        here. Not checked: bar 3's scrub (0.89x zfs's in 10 s, 0.93x in 20 s,
-        0.949-0.965x in 60 s on seeds 1-10; 0.95 needed) and bar 4's scrub,
+        here. Not checked: bar 3's scrub (0.82x zfs's in 10 s, 0.92x in 20 s,
+        0.962-0.991x in 60 s on seeds 1-10; 0.95 needed) and bar 4's scrub,
         which meets 0.70 in 60 s runs (0.71-0.73) but not in 10 s ones;
         docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:

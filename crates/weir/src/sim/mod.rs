@@ -441,7 +441,8 @@ impl Simulation {
                 .sum();
             self.selector.set_background(i, waiting);
             if scrubbing {
-                self.selector.set_background_position(i, d.scrub_reads);
+                self.selector
+                    .set_background_position(i, d.scrub_reads, d.spec.rotational());
             }
         }
         let choice = self

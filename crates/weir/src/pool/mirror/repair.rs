@@ -88,11 +88,17 @@ impl PoolData {
     /// (`positions`: member slot and next chunk); `None` when the scrub of
     /// the group stops, so that no copy stays preferred.
     pub fn note_scrub_positions(&self, group_index: usize, positions: Option<&[(usize, u64)]>) {
-        let mut selector = self.groups[group_index].selector.lock();
+        let group = &self.groups[group_index];
+        let rotational: Vec<bool> = group
+            .slots
+            .iter()
+            .map(|s| s.attached().is_some_and(|a| a.device().info().rotational))
+            .collect();
+        let mut selector = group.selector.lock();
         match positions {
             Some(positions) => {
                 for &(slot, chunk) in positions {
-                    selector.set_background_position(slot, chunk);
+                    selector.set_background_position(slot, chunk, rotational[slot]);
                 }
             }
             None => selector.clear_background_positions(),
