@@ -85,10 +85,13 @@ impl PoolData {
     }
 
     /// Tell the group's read selector how far each copy's scrub has got
-    /// (`positions`: member slot and next chunk); `None` when the scrub of
-    /// the group stops, so that no copy stays preferred.
+    /// (`positions`: member slot and next chunk), and whether each copy is
+    /// a rotating disk; `None` when the scrub of the group stops, so that
+    /// no copy stays preferred.
     pub fn note_scrub_positions(&self, group_index: usize, positions: Option<&[(usize, u64)]>) {
         let group = &self.groups[group_index];
+        // Read before the selector's lock, so that no member's lock is
+        // taken under it.
         let rotational: Vec<bool> = group
             .slots
             .iter()
