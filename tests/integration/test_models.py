@@ -193,6 +193,26 @@ class Bench(unittest.TestCase):
             self.assertGreater(streams["w"]["ops"], 10)
             self.assertEqual(streams["r"]["errors"], 0)
 
+    def test_real_time_bench_refuses_a_pool_dir_it_cannot_use(self):
+        # A path under a regular file cannot hold a directory.
+        result = run(WEIR, "bench", "scheduler", "--real", "--seconds", "1", "--pool-dir", "/etc/hostname/x",
+                     check=False, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("cannot create a pool directory in /etc/hostname/x", result.stderr)
+        # A 64 MiB tmpfs has no room for a pool of two copies of 2 GiB: a
+        # clear error before the fill, and nothing left behind.
+        with tempfile.TemporaryDirectory() as small:
+            if run("mount", "-t", "tmpfs", "-o", "size=64M", "tmpfs", small, check=False).returncode != 0:
+                self.skipTest("cannot mount a tmpfs (not root)")
+            try:
+                result = run(WEIR, "bench", "scheduler", "--real", "--seconds", "1", "--pool-dir", small,
+                             check=False, timeout=120)
+                self.assertNotEqual(result.returncode, 0)
+                self.assertIn("has 64 MiB free; the pool 'mirror model:hdd,size=64G' needs", result.stderr)
+                self.assertEqual(os.listdir(small), [])
+            finally:
+                run("umount", small)
+
     def test_bad_jobs_are_refused(self):
         result = run(WEIR, "bench", "run", "--sim", "--device", "model:hdd,size=1G", "--job", "rw=sideways",
                      check=False)

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 
 use super::report::Report;
 use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
-use super::served::ServedTargets;
+use super::served::{PoolRoot, ServedTargets};
 use super::{emit, parse_jobs, run_jobs, Target};
 use crate::device::model::ModelSpec;
 use crate::pool::mirror::select::ReadPolicy;
@@ -103,6 +103,11 @@ pub struct ScenarioArgs {
     /// Directory for the JSON report.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// For --real: where the served pools keep their member files [default:
+    /// /dev/shm when it has room for three pools (about 14 GiB), else the
+    /// temporary directory].
+    #[arg(long, requires = "real")]
+    pool_dir: Option<PathBuf>,
 }
 
 pub fn main(command: BenchCommand) -> anyhow::Result<()> {
@@ -228,7 +233,10 @@ fn scenario(args: ScenarioArgs, default_seconds: f64, scenario: Scenario) -> any
     check_seconds(seconds)?;
     let outcome = match (&args.uri, args.real) {
         (Some(uri), _) => scenario(&mut UriTargets(uri.clone()), seconds, args.seed)?,
-        (None, true) => scenario(&mut ServedTargets::new()?, seconds, args.seed)?,
+        (None, true) => {
+            let root = PoolRoot::choose(args.pool_dir.clone());
+            scenario(&mut ServedTargets::new(&root)?, seconds, args.seed)?
+        }
         (None, false) => scenario(&mut SimTargets, seconds, args.seed)?,
     };
     emit(&outcome.report, None, args.out.as_deref())?;

@@ -2,9 +2,11 @@
 //! sockets in a temporary directory. A device runs as a raw export; a
 //! mirror runs as a pool of two device models with a filled volume, and its
 //! scrub is the pool's own, started and measured through the admin
-//! endpoint.
+//! endpoint. The pools' member files go in memory (`/dev/shm`) when it has
+//! room, or where `--pool-dir` says (`PoolRoot`).
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,12 +42,106 @@ struct Server {
     child: Child,
     uri: String,
     data_dir: Option<PathBuf>,
+    /// When a run last asked for it, on the `ServedTargets::uses` count.
+    last_used: u64,
 }
 
 /// `weir serve` started per device (or mirror), torn down on drop.
 pub struct ServedTargets {
+    /// Sockets.
     dir: tempdir::Dir,
+    /// The pools' data directories, member files included.
+    pools: tempdir::Dir,
     servers: Vec<Server>,
+    /// Servers started so far: names their sockets and pool directories.
+    started: usize,
+    /// Requests for a target so far: the clock of `Server::last_used`.
+    uses: u64,
+}
+
+/// Pools served at once. Starting another stops the one used least
+/// lately and deletes its files, so the pools' room is bounded: the
+/// scenarios use their pools one after another (the scheduler its HDD,
+/// SSD and NVMe mirrors; mirror-reads refills one pool once).
+const POOLS_LIVE_MAX: usize = 2;
+/// Room one pool's member files take: two copies of the filled volume,
+/// and an eighth more for the pool's own metadata and slack.
+const POOL_ROOM_BYTES: u64 = 2 * VOLUME_BYTES + VOLUME_BYTES / 4;
+/// The memory-backed filesystem the pools go on by default.
+const MEMORY_DIR: &str = "/dev/shm";
+/// Memory left for everything else when the pools are in memory.
+const MEMORY_MARGIN_BYTES: u64 = 2 << 30;
+
+/// Where the pools' member files go. By default in memory: the lone
+/// devices that the pools are compared with keep their data in memory
+/// (`store=mem`), while files on a disk make both copies of a mirror
+/// share that one disk. On this VM that disk (about 1.26 GB/s at 1 MiB
+/// QD8) capped every mirror near one NVMe model, and its I/O scheduler
+/// held reads for up to its 500 ms deadline: NVMe + SSD sequential reads
+/// reached 0.77x the two devices' sum in real time, against 0.96x with the
+/// files in memory (docs/mirror-reads.md).
+pub struct PoolRoot {
+    pub path: PathBuf,
+    pub why: String,
+}
+
+impl PoolRoot {
+    /// `explicit` (from `--pool-dir`), else memory if it has room for the
+    /// pools served at once, else the temporary directory.
+    pub fn choose(explicit: Option<PathBuf>) -> PoolRoot {
+        if let Some(path) = explicit {
+            return PoolRoot {
+                path,
+                why: "--pool-dir".into(),
+            };
+        }
+        let needed = POOLS_LIVE_MAX as u64 * POOL_ROOM_BYTES;
+        // The filesystem's own limit, and the memory behind it.
+        let room = available_bytes(Path::new(MEMORY_DIR))
+            .unwrap_or(0)
+            .min(memory_available_bytes().saturating_sub(MEMORY_MARGIN_BYTES));
+        if room >= needed {
+            return PoolRoot {
+                path: MEMORY_DIR.into(),
+                why: format!("in memory: {} GiB of room", room >> 30),
+            };
+        }
+        PoolRoot {
+            path: std::env::temp_dir(),
+            why: format!(
+                "{MEMORY_DIR} has room for {} GiB and the pools need {} GiB, so they go on \
+                 disk, where both copies of a mirror share that disk",
+                room >> 30,
+                needed >> 30
+            ),
+        }
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo, or 0 when it cannot be read.
+fn memory_available_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib << 10)
+        })
+        .unwrap_or(0)
+}
+
+/// Bytes an unprivileged writer may still put on the filesystem holding
+/// `path`, or None when it cannot be asked.
+fn available_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `name` is a NUL-terminated path and `stats` a plain struct
+    // that statvfs fills in; all zeroes is a valid value of it.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(name.as_ptr(), &mut stats) } != 0 {
+        return None;
+    }
+    Some(stats.f_bavail as u64 * stats.f_frsize as u64)
 }
 
 mod tempdir {
@@ -54,14 +150,38 @@ mod tempdir {
     pub struct Dir(PathBuf);
 
     impl Dir {
-        pub fn new() -> std::io::Result<Dir> {
-            let path = std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()));
+        /// `parent/weir-bench-PID-WHAT`, removed with all it holds on drop.
+        pub fn new_in(parent: &Path, what: &str) -> std::io::Result<Dir> {
+            let path = parent.join(format!("weir-bench-{}-{what}", std::process::id()));
             std::fs::create_dir_all(&path)?;
             Ok(Dir(path))
         }
 
         pub fn path(&self) -> &Path {
             &self.0
+        }
+    }
+
+    /// Removes what benches that were killed left in `parent`: their
+    /// `weir-bench-PID-*` directories, where no process PID runs any more.
+    /// In memory those files would otherwise hold their room until reboot.
+    pub fn remove_stale(parent: &Path) {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("weir-bench-"))
+                .and_then(|rest| rest.split_once('-'))
+                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
     }
 
@@ -135,10 +255,23 @@ fn fill(uri: &str) -> anyhow::Result<()> {
 }
 
 impl ServedTargets {
-    pub fn new() -> anyhow::Result<ServedTargets> {
+    pub fn new(root: &PoolRoot) -> anyhow::Result<ServedTargets> {
+        eprintln!(
+            "pool member files in {} ({})",
+            root.path.display(),
+            root.why
+        );
+        tempdir::remove_stale(&root.path);
+        tempdir::remove_stale(&std::env::temp_dir());
         Ok(ServedTargets {
-            dir: tempdir::Dir::new().context("cannot create a socket directory")?,
+            dir: tempdir::Dir::new_in(&std::env::temp_dir(), "sockets")
+                .context("cannot create a socket directory")?,
+            pools: tempdir::Dir::new_in(&root.path, "pools").with_context(|| {
+                format!("cannot create a pool directory in {}", root.path.display())
+            })?,
             servers: Vec::new(),
+            started: 0,
+            uses: 0,
         })
     }
 
@@ -148,8 +281,21 @@ impl ServedTargets {
         args: &[String],
         data_dir: Option<PathBuf>,
     ) -> anyhow::Result<&Server> {
-        let socket = self.dir.path().join(format!("{}.sock", self.servers.len()));
-        let child = Command::new(weir()?)
+        let socket = self.dir.path().join(format!("{}.sock", self.started));
+        self.started += 1;
+        let mut command = Command::new(weir()?);
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        // The server goes when the bench does, even when the bench is
+        // killed and its destructors never run.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command
             .args([
                 "serve",
                 "--listen",
@@ -169,11 +315,13 @@ impl ServedTargets {
             "bench"
         };
         let uri = format!("nbd+unix:///{export}?socket={}", socket.display());
+        self.uses += 1;
         self.servers.push(Server {
             key: key.into(),
             child,
             uri: uri.clone(),
             data_dir,
+            last_used: self.uses,
         });
         wait_for_server(&uri, &socket)?;
         Ok(self.servers.last().expect("just pushed"))
@@ -189,9 +337,20 @@ impl ServedTargets {
     /// and with a fault control file; two or more: a mirror), with a volume
     /// `bench/vol` written full, served with a private admin port.
     fn serve_pool(&mut self, key: &str, devices: &[&str]) -> anyhow::Result<&Server> {
-        let index = self.servers.len();
-        let data_dir = self.dir.path().join(format!("pool{index}"));
+        while self.servers.iter().filter(|s| s.data_dir.is_some()).count() >= POOLS_LIVE_MAX {
+            self.stop_least_used_pool();
+        }
+        let data_dir = self.pools.path().join(format!("pool{}", self.started));
         std::fs::create_dir_all(&data_dir)?;
+        let room = devices.len() as u64 * VOLUME_BYTES + VOLUME_BYTES / 4;
+        if let Some(free) = available_bytes(&data_dir).filter(|&free| free < room) {
+            bail!(
+                "{} has {} MiB free; the pool '{key}' needs {} MiB (choose another with --pool-dir)",
+                self.pools.path().display(),
+                free >> 20,
+                room >> 20
+            );
+        }
         let data = data_dir.to_str().context("temporary path is not UTF-8")?;
         let mut members = Vec::new();
         for (copy, device) in devices.iter().enumerate() {
@@ -242,10 +401,44 @@ impl ServedTargets {
     fn pool_server(&mut self, devices: &[&str]) -> anyhow::Result<&Server> {
         let key = format!("pool {}", devices.join(" "));
         match self.servers.iter().position(|s| s.key == key) {
-            Some(i) => Ok(&self.servers[i]),
+            Some(i) => Ok(self.touch(i)),
             None => self.serve_pool(&key, devices),
         }
     }
+
+    /// Server `index`, noted as used now.
+    fn touch(&mut self, index: usize) -> &Server {
+        self.uses += 1;
+        let server = &mut self.servers[index];
+        server.last_used = self.uses;
+        server
+    }
+
+    /// Stops the pool server used least lately and deletes its files.
+    fn stop_least_used_pool(&mut self) {
+        let Some(index) = (0..self.servers.len())
+            .filter(|&i| self.servers[i].data_dir.is_some())
+            .min_by_key(|&i| self.servers[i].last_used)
+        else {
+            return;
+        };
+        let mut server = self.servers.remove(index);
+        eprintln!("stopping {} to make room for the next pool", server.key);
+        stop(&mut server.child);
+        if let Some(dir) = &server.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Asks a server to stop (SIGTERM: it finishes its requests and closes
+/// its pool) and waits for it.
+fn stop(child: &mut Child) {
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = child.wait();
 }
 
 /// The fault control file of member `copy` of a served pool.
@@ -256,7 +449,7 @@ fn control_file(data_dir: &Path, copy: usize) -> PathBuf {
 impl Targets for ServedTargets {
     fn target(&mut self, device: &str) -> anyhow::Result<Target> {
         let server = match self.servers.iter().position(|s| s.key == device) {
-            Some(i) => &self.servers[i],
+            Some(i) => self.touch(i),
             None => self.serve(
                 device,
                 &["--export".into(), format!("bench={device}")],
@@ -333,7 +526,7 @@ impl Targets for ServedTargets {
     fn mirror(&mut self, device: &str, mode: Mode) -> anyhow::Result<Option<Target>> {
         let key = format!("mirror {device}");
         let server = match self.servers.iter().position(|s| s.key == key) {
-            Some(i) => &self.servers[i],
+            Some(i) => self.touch(i),
             None => self.serve_mirror(device)?,
         };
         Ok(Some(Target::ServedPool {
@@ -349,11 +542,7 @@ impl Targets for ServedTargets {
 impl Drop for ServedTargets {
     fn drop(&mut self) {
         for server in &mut self.servers {
-            // SAFETY: signalling our own child process.
-            unsafe {
-                libc::kill(server.child.id() as libc::pid_t, libc::SIGTERM);
-            }
-            let _ = server.child.wait();
+            stop(&mut server.child);
         }
     }
 }
