@@ -72,14 +72,13 @@ const MEMORY_DIR: &str = "/dev/shm";
 /// Memory left for everything else when the pools are in memory.
 const MEMORY_MARGIN_BYTES: u64 = 2 << 30;
 
-/// Where the pools' member files go. By default in memory: the lone
-/// devices that the pools are compared with keep their data in memory
-/// (`store=mem`), while files on a disk make both copies of a mirror
-/// share that one disk. On this VM that disk (about 1.26 GB/s at 1 MiB
-/// QD8) capped every mirror near one NVMe model, and its I/O scheduler
-/// held reads for up to its 500 ms deadline: NVMe + SSD sequential reads
-/// reached 0.77x the two devices' sum in real time, against 0.96x with the
-/// files in memory (docs/mirror-reads.md).
+/// Where the pools' member files go. By default in memory, so that the
+/// devices' timing is the models' alone: files on a disk make both copies
+/// of a mirror share that one disk. On this VM that disk (about 1.26 GB/s
+/// at 1 MiB QD8) held the lone NVMe model to 1033 MB/s (3200 modelled),
+/// and its I/O scheduler held reads for up to its 500 ms deadline: NVMe +
+/// SSD sequential reads reached 0.77x the two devices' sum in real time,
+/// against 0.88-0.96x with the files in memory (docs/mirror-reads.md).
 pub struct PoolRoot {
     pub path: PathBuf,
     pub why: String,
