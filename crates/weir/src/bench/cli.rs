@@ -104,7 +104,7 @@ pub struct ScenarioArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// For --real: where the served pools keep their member files [default:
-    /// /dev/shm when it has room for three pools (about 14 GiB), else the
+    /// /dev/shm when it and memory have room for two pools (9 GiB), else the
     /// temporary directory].
     #[arg(long, requires = "real")]
     pool_dir: Option<PathBuf>,

@@ -64,9 +64,12 @@ pub struct ServedTargets {
 /// scenarios use their pools one after another (the scheduler its HDD,
 /// SSD and NVMe mirrors; mirror-reads refills one pool once).
 const POOLS_LIVE_MAX: usize = 2;
-/// Room one pool's member files take: two copies of the filled volume,
-/// and an eighth more for the pool's own metadata and slack.
-const POOL_ROOM_BYTES: u64 = 2 * VOLUME_BYTES + VOLUME_BYTES / 4;
+/// Room the member files of a pool of `copies` take: a copy of the filled
+/// volume each, and a quarter of one more for the pool's own metadata and
+/// slack.
+const fn pool_room_bytes(copies: u64) -> u64 {
+    copies * VOLUME_BYTES + VOLUME_BYTES / 4
+}
 /// The memory-backed filesystem the pools go on by default.
 const MEMORY_DIR: &str = "/dev/shm";
 /// Memory left for everything else when the pools are in memory.
@@ -94,7 +97,7 @@ impl PoolRoot {
                 why: "--pool-dir".into(),
             };
         }
-        let needed = POOLS_LIVE_MAX as u64 * POOL_ROOM_BYTES;
+        let needed = POOLS_LIVE_MAX as u64 * pool_room_bytes(2);
         // The filesystem's own limit, and the memory behind it.
         let room = available_bytes(Path::new(MEMORY_DIR))
             .unwrap_or(0)
@@ -341,7 +344,7 @@ impl ServedTargets {
         }
         let data_dir = self.pools.path().join(format!("pool{}", self.started));
         std::fs::create_dir_all(&data_dir)?;
-        let room = devices.len() as u64 * VOLUME_BYTES + VOLUME_BYTES / 4;
+        let room = pool_room_bytes(devices.len() as u64);
         if let Some(free) = available_bytes(&data_dir).filter(|&free| free < room) {
             bail!(
                 "{} has {} MiB free; the pool '{key}' needs {} MiB (choose another with --pool-dir)",
