@@ -149,8 +149,12 @@ impl DirtyLog {
     }
 
     /// The write that `before_write(regions)` announced has completed.
+    /// Its regions count as written in the interval it completed in too:
+    /// a flush that captured checksum pages before this completion did not
+    /// persist its checksums, so only the next flush may clear them.
     pub fn after_write(&mut self, regions: impl IntoIterator<Item = u64>) {
         for region in regions {
+            self.written.insert(region);
             let count = self
                 .in_flight
                 .get_mut(&region)
@@ -164,8 +168,10 @@ impl DirtyLog {
 
     /// A flush completed on every copy; it covered every write that had
     /// completed when it started. Returns regions that can be cleared:
-    /// dirty, not written since the flush before this one, and with no
-    /// write in flight.
+    /// dirty, with no write started or completed since the flush before
+    /// this one started, and none in flight. Every write to such a region
+    /// completed before the previous flush took its checksum pages, so that
+    /// flush made its data and checksums durable on every copy.
     pub fn after_flush(&mut self, written_before_flush: &BTreeSet<u64>) -> Vec<u64> {
         let clear: Vec<u64> = self
             .dirty
@@ -320,6 +326,27 @@ mod tests {
     }
 
     #[test]
+    fn a_write_that_completes_during_a_flush_keeps_its_region_dirty_until_the_next() {
+        // The write starts before flush 1 and completes while flush 2 runs,
+        // after flush 2 took its checksum pages: flush 2 persisted neither
+        // its checksums nor (perhaps) its data, so flush 2 must not clear it.
+        let mut log = DirtyLog::default();
+        assert_eq!(log.before_write([9]), vec![9]);
+        let covered = log.start_flush();
+        assert!(log.after_flush(&covered).is_empty(), "in flight");
+        let covered = log.start_flush();
+        log.after_write([9]);
+        assert!(log.after_flush(&covered).is_empty(), "completed mid-flush");
+        assert!(log.is_dirty(9));
+        // Flush 3 took the pages after the write completed: it covers it,
+        // and flush 4, quiet, clears the region.
+        let covered = log.start_flush();
+        assert!(log.after_flush(&covered).is_empty());
+        let covered = log.start_flush();
+        assert_eq!(log.after_flush(&covered), vec![9]);
+    }
+
+    #[test]
     fn the_log_persists_each_region_once_and_clears_after_a_quiet_flush() {
         let mut log = DirtyLog::default();
         assert_eq!(log.before_write([3, 4]), vec![3, 4]);
@@ -342,7 +369,10 @@ mod tests {
             let covered = log.start_flush();
             assert!(log.after_flush(&covered).is_empty());
         }
+        // It completes: the next flush makes it durable, the one after clears.
         log.after_write([5]);
+        let covered = log.start_flush();
+        assert!(log.after_flush(&covered).is_empty());
         let covered = log.start_flush();
         assert_eq!(log.after_flush(&covered), vec![5]);
         // A clean shutdown clears everything once its final flush is done.

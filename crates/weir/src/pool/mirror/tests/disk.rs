@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -25,11 +26,54 @@ struct State {
     /// (forward if that fits, else backward).
     misdirect: Option<(u64, u64, u64)>,
     vanished: bool,
+    /// Writes at or past this offset wait in `gate` instead of completing.
+    hold_from: Option<u64>,
+}
+
+/// Writes held back from several disks, completed together when any of
+/// them is asked to flush: a write in flight across flushes, made exact.
+#[derive(Default)]
+pub struct Gate {
+    held: Mutex<Vec<(Arc<SimDisk>, DeviceOp, Completion)>>,
+    /// Flushes pass held writes by until this is set.
+    armed: std::sync::atomic::AtomicBool,
+    /// Runs after the held writes complete and before the flush does.
+    after_release: Mutex<Option<Box<dyn Fn() + Send>>>,
+}
+
+impl Gate {
+    pub fn held(&self) -> usize {
+        self.held.lock().len()
+    }
+
+    /// The next flush completes the held writes, then runs `hook`.
+    pub fn arm(&self, hook: impl Fn() + Send + 'static) {
+        *self.after_release.lock() = Some(Box::new(hook));
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn release(&self) {
+        if !self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let held = std::mem::take(&mut *self.held.lock());
+        if held.is_empty() {
+            return;
+        }
+        for (disk, op, done) in held {
+            disk.state.lock().hold_from = None;
+            disk.submit(op, done);
+        }
+        if let Some(hook) = self.after_release.lock().take() {
+            hook();
+        }
+    }
 }
 
 pub struct SimDisk {
     info: DeviceInfo,
     state: Mutex<State>,
+    gate: Mutex<Option<(Arc<Gate>, std::sync::Weak<SimDisk>)>>,
 }
 
 impl SimDisk {
@@ -42,7 +86,15 @@ impl SimDisk {
                 description: format!("sim disk {name}"),
             },
             state: Mutex::new(State::default()),
+            gate: Mutex::new(None),
         }
+    }
+
+    /// Hold the next writes at or past `offset` in `gate` until a flush
+    /// reaches any disk of the gate.
+    pub fn hold_writes(self: &Arc<Self>, gate: &Arc<Gate>, offset: u64) {
+        self.state.lock().hold_from = Some(offset);
+        *self.gate.lock() = Some((Arc::clone(gate), Arc::downgrade(self)));
     }
 
     /// Flip one bit of stored data, silently.
@@ -167,6 +219,19 @@ impl Device for SimDisk {
 
     fn submit(&self, op: DeviceOp, done: Completion) {
         op.assert_valid(&self.info);
+        let gate = self.gate.lock().clone();
+        if let Some((gate, me)) = gate {
+            let held = matches!(op, DeviceOp::Write { offset, .. }
+                if self.state.lock().hold_from.is_some_and(|from| offset >= from));
+            if held {
+                let me = me.upgrade().expect("a disk outlives its ops");
+                gate.held.lock().push((me, op, done));
+                return;
+            }
+            if matches!(op, DeviceOp::Flush) {
+                gate.release();
+            }
+        }
         let mut state = self.state.lock();
         let outcome = if state.vanished {
             Outcome::done(Err(io::Error::from_raw_os_error(libc::ENXIO)))
