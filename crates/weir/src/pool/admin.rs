@@ -303,6 +303,12 @@ pub struct Imported {
     pub members: Vec<Vec<(Option<String>, MemberState)>>,
     /// Per group, per member: the open device, if present and current.
     pub devices: Vec<Vec<Option<Arc<dyn Device>>>>,
+    /// Per group, per member: the open device, if present and stale (its
+    /// label's generation is behind the pool's). Serving rebuilds it.
+    pub stale_devices: Vec<Vec<Option<Arc<dyn Device>>>>,
+    /// Devices given that are not members now, and why (no valid label,
+    /// or another pool's): they are never written.
+    pub refused: Vec<String>,
     /// Label copies rewritten because they were stale or damaged.
     pub repaired_labels: Vec<String>,
     /// The device queues' mode, from the registry.
@@ -354,36 +360,52 @@ pub fn import_devices(
     // (spec, device, chosen label, label copies to rewrite)
     type Found = (String, Arc<dyn Device>, Label, Vec<usize>);
     let mut found: Vec<Found> = Vec::new();
+    // Devices that are not members now: never written, shown in status.
+    let mut refused = Vec::new();
     for (text, device) in opened {
         match choose(read_labels(device.as_ref())) {
             Ok(chosen) => found.push((text, device, chosen.label, chosen.stale)),
-            Err(err) => bail!("{text}: {err}"),
+            Err(err) => refused.push(format!("{text}: {err}")),
         }
     }
+    // The pool is the one most of the labelled devices belong to.
     let Some(newest) = found
         .iter()
-        .max_by_key(|f| f.2.generation)
+        .max_by_key(|f| {
+            let votes = found.iter().filter(|o| o.2.pool_id == f.2.pool_id).count();
+            (votes, f.2.generation)
+        })
         .map(|f| f.2.clone())
     else {
-        bail!("none of the devices could be opened");
+        match refused.first() {
+            Some(why) => bail!("no device carries a valid weir label ({why})"),
+            None => bail!("none of the devices could be opened"),
+        }
     };
-    if let Some(other) = found.iter().find(|f| f.2.pool_id != newest.pool_id) {
-        bail!(
-            "{} belongs to pool {:?}, not {:?}",
-            other.0,
-            other.2.pool_name,
-            newest.pool_name
-        );
+    found.retain(|f| {
+        let ours = f.2.pool_id == newest.pool_id;
+        if !ours {
+            refused.push(format!(
+                "{}: belongs to pool {:?}, not {:?}",
+                f.0, f.2.pool_name, newest.pool_name
+            ));
+        }
+        ours
+    });
+    for why in &refused {
+        tracing::warn!(pool = newest.pool_name.as_str(), "not a member: {why}");
     }
     let mut repaired_labels = Vec::new();
     let mut members = Vec::new();
     let mut devices = Vec::new();
+    let mut stale_devices = Vec::new();
     // Devices are registered in layout order, which names missing members.
     let flat_len: usize = newest.layout.groups.iter().map(Vec::len).sum();
     let mut flat_index = 0;
     for group in &newest.layout.groups {
         let mut states = Vec::new();
         let mut opened = Vec::new();
+        let mut stale_opened = Vec::new();
         for id in group {
             let registered = (texts.len() == flat_len).then(|| texts[flat_index].clone());
             flat_index += 1;
@@ -391,6 +413,10 @@ pub fn import_devices(
                 .iter()
                 .find(|f| f.2.device_id == *id && f.2.generation == newest.generation);
             opened.push(current.map(|f| Arc::clone(&f.1)));
+            let behind = found
+                .iter()
+                .find(|f| f.2.device_id == *id && f.2.generation < newest.generation);
+            stale_opened.push(behind.map(|f| Arc::clone(&f.1)));
             match found.iter().find(|f| f.2.device_id == *id) {
                 None => states.push((registered, MemberState::Unavail)),
                 Some((text, _, label, _)) if label.generation < newest.generation => {
@@ -413,11 +439,14 @@ pub fn import_devices(
         }
         members.push(states);
         devices.push(opened);
+        stale_devices.push(stale_opened);
     }
     Ok(Imported {
         label: newest,
         members,
         devices,
+        stale_devices,
+        refused,
         repaired_labels,
         sched: Mode::default(),
         read_policy: ReadPolicy::default(),
@@ -432,6 +461,9 @@ pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
     let _lock = lock_data_dir(data_dir)?;
     let identities: Vec<String> = texts.iter().map(|t| identity(t)).collect();
     let found = import(&identities, true)?;
+    if let Some(why) = found.refused.first() {
+        bail!("{why}");
+    }
     let name = found.label.pool_name.clone();
     let mut registry = Registry::load(data_dir)?;
     if registry.pool.iter().any(|p| p.name == name) {
@@ -607,6 +639,9 @@ fn render(out: &mut String, pool: &Imported) {
     let _ = writeln!(out, " state: {}", pool.state());
     let _ = writeln!(out, " sched: {}", pool.sched.name());
     let _ = writeln!(out, " reads: {}", pool.read_policy.name());
+    for why in &pool.refused {
+        let _ = writeln!(out, "  note: not a member: {why}");
+    }
     for text in &pool.repaired_labels {
         let _ = writeln!(
             out,

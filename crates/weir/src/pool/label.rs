@@ -103,6 +103,8 @@ pub enum LabelError {
     UnsupportedVersion(u32),
     /// The label decodes but describes an impossible pool.
     Layout(String),
+    /// The device is smaller than two labels (a file truncated, say).
+    TooSmall(u64),
 }
 
 impl fmt::Display for LabelError {
@@ -114,6 +116,9 @@ impl fmt::Display for LabelError {
                 write!(f, "label format version {v} is not supported")
             }
             LabelError::Layout(why) => write!(f, "invalid pool layout: {why}"),
+            LabelError::TooSmall(bytes) => {
+                write!(f, "no weir label: the device holds only {bytes} bytes")
+            }
         }
     }
 }

@@ -8,7 +8,11 @@ use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 /// Both label copies of `device`, each decoded or the reason it is not.
 /// An I/O error reading a copy counts as that copy being corrupt.
 pub fn read_labels(device: &dyn Device) -> [Result<Label, LabelError>; 2] {
-    label_offsets(device.info().size_bytes).map(|offset| {
+    let size_bytes = device.info().size_bytes;
+    if size_bytes < 2 * LABEL_BYTES as u64 {
+        return [0, 1].map(|_| Err(LabelError::TooSmall(size_bytes)));
+    }
+    label_offsets(size_bytes).map(|offset| {
         let outcome = run_sync(
             device,
             DeviceOp::Read {

@@ -181,16 +181,27 @@ impl PoolData {
             let mut slots = Vec::new();
             for (m, device) in devices.iter().enumerate() {
                 let (spec, state) = &pool.members[g][m];
-                let (attached, health) = match (device, state) {
-                    (Some(device), MemberState::Online) => (
-                        Some(Attached::new(Arc::clone(device), pool.sched)?),
-                        Health::Online,
-                    ),
-                    (Some(device), MemberState::Resilvering) => (
-                        Some(Attached::new(Arc::clone(device), pool.sched)?),
-                        Health::Resilvering,
-                    ),
-                    _ => (None, Health::Faulted),
+                let health = match state {
+                    MemberState::Online => Health::Online,
+                    MemberState::Resilvering => Health::Resilvering,
+                    _ => Health::Faulted,
+                };
+                let attached = match device {
+                    Some(device) if health != Health::Faulted => {
+                        match Attached::new(Arc::clone(device), pool.sched) {
+                            Ok(attached) => Some(attached),
+                            Err(err) => {
+                                tracing::error!(pool = pool.label.pool_name.as_str(), group = g, member = m, error = %err, "member FAULTED");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let health = if attached.is_some() {
+                    health
+                } else {
+                    Health::Faulted
                 };
                 if let Some(a) = &attached {
                     chunks_per_group = chunks_per_group.min(a.regions.data_chunks());
@@ -205,6 +216,12 @@ impl PoolData {
                     resilvered_chunks: AtomicU64::new(0),
                     resilver_started: Mutex::new(None),
                 });
+            }
+            if !slots.iter().any(|s| s.health() == Health::Online) {
+                return Err(io_err(format!(
+                    "pool {:?} is UNAVAIL: mirror group {g} has no complete copy that opens",
+                    pool.label.pool_name
+                )));
             }
             groups.push(slots);
         }
@@ -262,7 +279,57 @@ impl PoolData {
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
         }
+        data.seal_membership()?;
+        data.rebuild_stale_members(pool);
         Ok(data)
+    }
+
+    /// Serving without a member moves the pool to a new generation before
+    /// any write, so that the member, should it return, is known to be
+    /// behind and is never read or used as a repair source.
+    fn seal_membership(&self) -> io::Result<()> {
+        let absent = self
+            .groups
+            .iter()
+            .flat_map(|g| &g.slots)
+            .any(|s| s.health() == Health::Faulted);
+        if !absent {
+            return Ok(());
+        }
+        let mut config = self.config.lock();
+        config.generation += 1;
+        tracing::warn!(
+            pool = self.name,
+            generation = config.generation,
+            "serving without a member: labels moved to a new generation"
+        );
+        self.write_member_labels(&config)
+    }
+
+    /// A member that returned behind the pool's generation is rebuilt in
+    /// place, as a replacement for itself: written from now on, read only
+    /// once a resilver (started with the pool's background work) is done.
+    fn rebuild_stale_members(&self, pool: &Imported) {
+        for (g, devices) in pool.stale_devices.iter().enumerate() {
+            for (m, device) in devices.iter().enumerate() {
+                let Some(device) = device else { continue };
+                let spec = pool.members[g][m]
+                    .0
+                    .clone()
+                    .unwrap_or_else(|| device.info().description.clone());
+                let id = pool.label.layout.groups[g][m];
+                tracing::warn!(
+                    pool = self.name,
+                    group = g,
+                    member = m,
+                    device = spec.as_str(),
+                    "a member returned behind the pool's generation: rebuilding it"
+                );
+                if let Err(err) = self.attach_replacement(g, m, Arc::clone(device), &spec, id) {
+                    tracing::error!(pool = self.name, device = spec.as_str(), error = %err, "cannot rebuild the stale member; it stays FAULTED");
+                }
+            }
+        }
     }
 
     pub fn name(&self) -> &str {

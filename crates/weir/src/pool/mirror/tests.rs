@@ -2,6 +2,7 @@
 //! The seeded whole-pool simulation is in `tests/seeds.rs`.
 
 mod disk;
+mod membership;
 mod races;
 mod seeds;
 

