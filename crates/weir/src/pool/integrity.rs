@@ -24,30 +24,61 @@ pub enum BlockSum {
 }
 
 const FLAG_DATA: u32 = 1;
+/// The entry carries `check`: written by every current version of weir.
+const FLAG_CHECKED: u32 = 2;
+const CHECK_SHIFT: u32 = 8;
+
+/// An entry that fails its own check: its copy of the checksum page was
+/// damaged (or written to the wrong place), so the entry is taken from
+/// another copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CorruptEntry;
+
+/// 24 bits tying an entry to its block: a flipped bit, or an entry of
+/// another block written here by a misdirected page write, fails it.
+fn entry_check(index: u64, crc: u32, flags: u32) -> u32 {
+    let mut bytes = [0u8; 13];
+    bytes[..8].copy_from_slice(&index.to_be_bytes());
+    bytes[8..12].copy_from_slice(&crc.to_be_bytes());
+    bytes[12] = flags as u8;
+    crc32c::crc32c(&bytes) & 0x00ff_ffff
+}
 
 impl BlockSum {
     pub fn of(data: &[u8]) -> BlockSum {
         BlockSum::Data(crc32c::crc32c(data))
     }
 
-    pub fn encode(self) -> [u8; CHECKSUM_ENTRY_BYTES as usize] {
-        let (crc, flags) = match self {
-            BlockSum::Zero => (0, 0),
-            BlockSum::Data(crc) => (crc, FLAG_DATA),
-        };
+    /// The entry of the group's block `index`. A zero block is all zero
+    /// bytes, as a checksum region that was never written reads.
+    pub fn encode(self, index: u64) -> [u8; CHECKSUM_ENTRY_BYTES as usize] {
         let mut out = [0u8; 8];
-        out[..4].copy_from_slice(&crc.to_be_bytes());
-        out[4..].copy_from_slice(&flags.to_be_bytes());
+        if let BlockSum::Data(crc) = self {
+            let flags = FLAG_DATA | FLAG_CHECKED;
+            let flags = flags | entry_check(index, crc, flags) << CHECK_SHIFT;
+            out[..4].copy_from_slice(&crc.to_be_bytes());
+            out[4..].copy_from_slice(&flags.to_be_bytes());
+        }
         out
     }
 
-    pub fn decode(bytes: &[u8; CHECKSUM_ENTRY_BYTES as usize]) -> BlockSum {
+    /// Decode the entry of block `index`. Entries written before entries
+    /// carried a check (flags exactly "data") are taken as they are.
+    pub fn decode(
+        bytes: &[u8; CHECKSUM_ENTRY_BYTES as usize],
+        index: u64,
+    ) -> Result<BlockSum, CorruptEntry> {
         let crc = u32::from_be_bytes(bytes[..4].try_into().expect("4 bytes"));
         let flags = u32::from_be_bytes(bytes[4..].try_into().expect("4 bytes"));
-        if flags & FLAG_DATA == 0 {
-            BlockSum::Zero
-        } else {
-            BlockSum::Data(crc)
+        match flags {
+            0 if crc == 0 => Ok(BlockSum::Zero),
+            FLAG_DATA if crc != 0 => Ok(BlockSum::Data(crc)),
+            _ if flags & 0xff == FLAG_DATA | FLAG_CHECKED
+                && flags >> CHECK_SHIFT == entry_check(index, crc, flags) =>
+            {
+                Ok(BlockSum::Data(crc))
+            }
+            _ => Err(CorruptEntry),
         }
     }
 
@@ -66,8 +97,9 @@ impl BlockSum {
 pub struct CopyState {
     /// The read succeeded.
     pub readable: bool,
-    /// The checksum entry stored on that copy's device.
-    pub stored: BlockSum,
+    /// The checksum entry stored on that copy's device; None if it fails
+    /// its own check.
+    pub stored: Option<BlockSum>,
     /// crc32c of the data read (meaningless if unreadable).
     pub actual: u32,
 }
@@ -87,19 +119,16 @@ pub enum Resolution {
 pub fn resolve(copies: &[CopyState]) -> Resolution {
     assert!(!copies.is_empty(), "a block has at least one copy");
     let consistent = |c: &CopyState| match c.stored {
-        BlockSum::Data(crc) => c.readable && crc == c.actual,
-        BlockSum::Zero => true,
+        Some(BlockSum::Data(crc)) => c.readable && crc == c.actual,
+        _ => false,
     };
-    if let Some(index) = copies
-        .iter()
-        .position(|c| consistent(c) && c.stored != BlockSum::Zero)
-    {
+    if let Some(index) = copies.iter().position(consistent) {
         return Resolution::Data {
             source: index,
-            sum: copies[index].stored,
+            sum: BlockSum::Data(copies[index].actual),
         };
     }
-    if copies.iter().all(|c| c.stored == BlockSum::Zero) {
+    if copies.iter().all(|c| c.stored == Some(BlockSum::Zero)) {
         return Resolution::Zero;
     }
     // Torn everywhere: any readable copy is a legal outcome for an
@@ -235,20 +264,82 @@ mod tests {
     fn checksum_entries_round_trip_and_verify() {
         let data = vec![7u8; 4096];
         let sum = BlockSum::of(&data);
-        assert_eq!(BlockSum::decode(&sum.encode()), sum);
-        assert_eq!(BlockSum::decode(&[0; 8]), BlockSum::Zero);
+        assert_eq!(BlockSum::decode(&sum.encode(5), 5), Ok(sum));
+        assert_eq!(
+            BlockSum::decode(&BlockSum::Zero.encode(5), 5),
+            Ok(BlockSum::Zero)
+        );
+        assert_eq!(BlockSum::decode(&[0; 8], 9), Ok(BlockSum::Zero));
         assert!(sum.verifies(&data));
         let mut bad = data.clone();
         bad[4095] ^= 1;
         assert!(!sum.verifies(&bad));
     }
 
+    #[test]
+    fn a_damaged_or_misplaced_entry_fails_its_own_check() {
+        let entry = BlockSum::Data(0xdead_beef).encode(77);
+        for bit in 0..64 {
+            let mut bad = entry;
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(BlockSum::decode(&bad, 77), Err(CorruptEntry), "bit {bit}");
+        }
+        assert_eq!(
+            BlockSum::decode(&entry, 78),
+            Err(CorruptEntry),
+            "another block's entry"
+        );
+        for bit in 0..64 {
+            let mut bad = [0u8; 8];
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(
+                BlockSum::decode(&bad, 3),
+                Err(CorruptEntry),
+                "zero, bit {bit}"
+            );
+        }
+        // An entry from before entries were checked: crc, then flags 1.
+        let mut legacy = [0u8; 8];
+        legacy[..4].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+        legacy[7] = 1;
+        assert_eq!(
+            BlockSum::decode(&legacy, 3),
+            Ok(BlockSum::Data(0x1234_5678))
+        );
+    }
+
     fn copy(readable: bool, stored: BlockSum, actual: u32) -> CopyState {
         CopyState {
             readable,
-            stored,
+            stored: Some(stored),
             actual,
         }
+    }
+
+    #[test]
+    fn recovery_takes_a_block_whose_entry_is_corrupt_from_a_consistent_copy() {
+        let corrupt = CopyState {
+            readable: true,
+            stored: None,
+            actual: 10,
+        };
+        let r = resolve(&[corrupt, copy(true, BlockSum::Data(10), 10)]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 1,
+                sum: BlockSum::Data(10)
+            }
+        );
+        // No entry checks out anywhere: the first readable copy, recomputed.
+        let r = resolve(&[corrupt, corrupt]);
+        assert_eq!(
+            r,
+            Resolution::Data {
+                source: 0,
+                sum: BlockSum::Data(10)
+            }
+        );
     }
 
     #[test]

@@ -77,12 +77,14 @@ impl PoolData {
             let states: Vec<CopyState> = copies
                 .iter()
                 .map(|(data, read_ok, sums)| {
-                    let stored = sums.as_ref().map_or(BlockSum::Data(0), |s| {
+                    let index = chunk * BLOCKS_PER_CHUNK + block as u64;
+                    let stored = sums.as_ref().and_then(|s| {
                         let at = (first_in_page + block) * CHECKSUM_ENTRY_BYTES as usize;
-                        BlockSum::decode(s.as_slice()[at..at + 8].try_into().expect("8 bytes"))
+                        let entry = s.as_slice()[at..at + 8].try_into().expect("8 bytes");
+                        BlockSum::decode(entry, index).ok()
                     });
                     CopyState {
-                        readable: read_ok[block] && sums.is_some(),
+                        readable: read_ok[block],
                         stored,
                         actual: crc32c::crc32c(&data[range.clone()]),
                     }
@@ -188,6 +190,61 @@ impl PoolData {
         } else {
             self.write_log_images(group_index, &cleared, true)
         }
+    }
+
+    /// Compare one copy's checksum entries for `chunk` with the pool's
+    /// and rewrite them if they differ (damage the data scrub cannot see,
+    /// as the pool verifies data against the entries it holds in memory).
+    /// True if they were rewritten. Entries waiting for a flush are skipped:
+    /// that flush writes them.
+    pub(super) fn scrub_chunk_entries(&self, group_index: usize, slot: usize, chunk: u64) -> bool {
+        let group = &self.groups[group_index];
+        let Some((_, member)) = group.readable().into_iter().find(|(m, _)| *m == slot) else {
+            return false;
+        };
+        let _io = group.metadata_io.lock();
+        let page = chunk * BLOCKS_PER_CHUNK / SUMS_PER_PAGE;
+        let expected = {
+            let state = group.state.lock();
+            let first = (chunk * BLOCKS_PER_CHUNK) as usize;
+            let empty = state.sums[first..first + BLOCKS_PER_CHUNK as usize]
+                .iter()
+                .all(|s| *s == BlockSum::Zero);
+            // An empty chunk's entries are read only at open, where a
+            // damaged one is outvoted; skipping them keeps a scrub of an
+            // empty pool free of I/O.
+            if empty || state.dirty_pages.contains(&page) {
+                return false;
+            }
+            page_bytes(&state.sums, page)
+        };
+        let offset = member.regions.checksums.0 + page * PAGE_BYTES;
+        let entries = (chunk * BLOCKS_PER_CHUNK % SUMS_PER_PAGE * CHECKSUM_ENTRY_BYTES) as usize;
+        let entries = entries..entries + (BLOCKS_PER_CHUNK * CHECKSUM_ENTRY_BYTES) as usize;
+        let found = read_at(&member, IoClass::Scrub, offset, PAGE_BYTES);
+        if found.is_ok_and(|f| f.as_slice()[entries.clone()] == expected[entries]) {
+            return false;
+        }
+        let rewrite = write_op(offset, &expected, false);
+        let written = super::io_ops::run_one(&member, IoClass::Scrub, rewrite).result;
+        match written {
+            Ok(()) => {
+                self.metadata_repairs
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    pool = self.name,
+                    group = group_index,
+                    member = slot,
+                    page,
+                    "scrub: rewrote a damaged checksum page"
+                );
+            }
+            Err(err) => {
+                drop(_io);
+                self.note_write_error(group_index, slot, &err);
+            }
+        }
+        true
     }
 
     pub(super) fn flush_all(&self) -> io::Result<()> {
@@ -358,43 +415,109 @@ fn page_bytes(sums: &[BlockSum], page: u64) -> Vec<u8> {
         .take(SUMS_PER_PAGE as usize)
         .enumerate()
     {
-        bytes[i * 8..i * 8 + 8].copy_from_slice(&sum.encode());
+        bytes[i * 8..i * 8 + 8].copy_from_slice(&sum.encode((first + i) as u64));
     }
     bytes
 }
 
-/// Checksums of the group's blocks, from the first member that reads.
+/// The group's checksum entries as loaded from its members' copies.
+pub(super) struct LoadedSums {
+    pub sums: Vec<BlockSum>,
+    /// Pages that some copy holds damaged or differing: the next flush
+    /// writes them to every member again.
+    pub heal_pages: BTreeSet<u64>,
+    /// Chunks holding a block no copy has a valid entry for: recovery
+    /// takes those blocks from the data itself.
+    pub unknown_chunks: BTreeSet<u64>,
+}
+
+/// Checksums of the group's blocks. Each entry is taken from a copy on
+/// which it passes its own check; copies that are damaged, unreadable or
+/// disagree are rewritten at the next flush. Where copies hold differing
+/// valid entries, a block with data outranks a zero one (a lost trim costs
+/// nothing; a lost write's checksum would make its data unreadable), and
+/// the earlier member breaks a tie; a read that fails the chosen checksum
+/// is healed from a copy that verifies, as any bad block is.
 pub(super) fn load_sums(
     members: &[(usize, Arc<Attached>)],
     blocks: usize,
-) -> io::Result<Vec<BlockSum>> {
+) -> io::Result<LoadedSums> {
     let bytes = (blocks as u64 * CHECKSUM_ENTRY_BYTES).next_multiple_of(PAGE_BYTES);
+    let mut copies = Vec::new();
     let mut last_err = io_err("no member holds a complete copy".into());
     for (_, member) in members {
         match read_at(member, IoClass::SyncRead, member.regions.checksums.0, bytes) {
-            Ok(buf) => {
-                return Ok(buf.as_slice()[..blocks * 8]
-                    .chunks(8)
-                    .map(|c| BlockSum::decode(c.try_into().expect("8 bytes")))
-                    .collect())
-            }
+            Ok(buf) => copies.push(buf),
             Err(err) => last_err = err,
         }
     }
-    Err(last_err)
+    if copies.is_empty() {
+        return Err(last_err);
+    }
+    let mut loaded = LoadedSums {
+        sums: Vec::with_capacity(blocks),
+        heal_pages: BTreeSet::new(),
+        unknown_chunks: BTreeSet::new(),
+    };
+    if copies.len() < members.len() {
+        loaded.heal_pages.extend(0..bytes / PAGE_BYTES);
+    }
+    for index in 0..blocks {
+        let at = index * CHECKSUM_ENTRY_BYTES as usize;
+        let entries: Vec<Option<BlockSum>> = copies
+            .iter()
+            .map(|c| {
+                let entry = c.as_slice()[at..at + 8].try_into().expect("8 bytes");
+                BlockSum::decode(entry, index as u64).ok()
+            })
+            .collect();
+        let valid = || entries.iter().flatten();
+        let chosen = valid()
+            .find(|s| **s != BlockSum::Zero)
+            .or_else(|| valid().next())
+            .copied();
+        let page = index as u64 / SUMS_PER_PAGE;
+        if entries.iter().any(|e| *e != chosen) {
+            loaded.heal_pages.insert(page);
+        }
+        match chosen {
+            Some(sum) => loaded.sums.push(sum),
+            None => {
+                loaded.sums.push(BlockSum::Zero);
+                loaded
+                    .unknown_chunks
+                    .insert(index as u64 / BLOCKS_PER_CHUNK);
+            }
+        }
+    }
+    Ok(loaded)
 }
 
-/// Regions any member marks dirty.
+/// Regions any member marks dirty. Every member carries every bit, so a
+/// copy that is damaged or cannot be read loses nothing while another
+/// reads; a bit set by damage costs one region's recovery.
 pub(super) fn load_dirty(members: &[(usize, Arc<Attached>)], chunks: u64) -> io::Result<Vec<u64>> {
     let bytes = chunks.div_ceil(8).next_multiple_of(PAGE_BYTES);
     let mut dirty = BTreeSet::new();
+    let mut read = 0;
+    let mut last_err = io_err("no member holds a complete copy".into());
     for (_, member) in members {
-        let buf = read_at(member, IoClass::SyncRead, member.regions.dirty_log.0, bytes)?;
+        let buf = match read_at(member, IoClass::SyncRead, member.regions.dirty_log.0, bytes) {
+            Ok(buf) => buf,
+            Err(err) => {
+                last_err = err;
+                continue;
+            }
+        };
+        read += 1;
         for chunk in 0..chunks {
             if buf.as_slice()[(chunk / 8) as usize] & (1 << (chunk % 8)) != 0 {
                 dirty.insert(chunk);
             }
         }
+    }
+    if read == 0 {
+        return Err(last_err);
     }
     Ok(dirty.into_iter().collect())
 }

@@ -138,6 +138,8 @@ pub struct PoolData {
     stripe: Stripe,
     locks: Vec<Arc<RwLock<()>>>,
     repairs: AtomicU64,
+    /// Checksum pages rewritten on a copy where they were damaged.
+    metadata_repairs: AtomicU64,
     rotational: bool,
     workers: Workers,
     /// The pool's label as its current members carry it (per-device fields
@@ -245,11 +247,21 @@ impl PoolData {
                 }),
                 metadata_io: Mutex::new(()),
             };
-            let sums = metadata::load_sums(&group.readable(), blocks)?;
-            let dirty = metadata::load_dirty(&group.readable(), chunks_per_group)?;
+            let loaded = metadata::load_sums(&group.readable(), blocks)?;
+            let mut dirty = metadata::load_dirty(&group.readable(), chunks_per_group)?;
+            if !loaded.heal_pages.is_empty() {
+                tracing::warn!(
+                    pool = pool.label.pool_name.as_str(),
+                    pages = loaded.heal_pages.len(),
+                    "checksum pages damaged or differing on a copy: rewriting them"
+                );
+            }
+            // Blocks without a valid entry anywhere are resolved from their
+            // data, as after a crash.
+            dirty.extend(loaded.unknown_chunks);
             *group.state.get_mut() = GroupState {
-                sums,
-                dirty_pages: BTreeSet::new(),
+                sums: loaded.sums,
+                dirty_pages: loaded.heal_pages,
                 log: DirtyLog::from_disk(dirty),
                 log_version: 0,
                 log_durable: Default::default(),
@@ -268,6 +280,7 @@ impl PoolData {
                 .map(|_| Arc::new(RwLock::new(())))
                 .collect(),
             repairs: AtomicU64::new(0),
+            metadata_repairs: AtomicU64::new(0),
             rotational,
             workers: Workers::start("weir-pool", workers)?,
             config: Mutex::new(pool.label.clone()),
@@ -339,6 +352,11 @@ impl PoolData {
     /// Blocks rewritten from a good copy since the pool was opened.
     pub fn repairs(&self) -> u64 {
         self.repairs.load(Ordering::Relaxed)
+    }
+
+    /// Checksum pages rewritten on a damaged copy since the pool was opened.
+    pub fn metadata_repairs(&self) -> u64 {
+        self.metadata_repairs.load(Ordering::Relaxed)
     }
 
     pub fn groups(&self) -> usize {

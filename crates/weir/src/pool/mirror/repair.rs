@@ -60,6 +60,9 @@ impl PoolData {
     /// verify it, and rewrite bad copies from a good one. Chunks that hold
     /// no data cost no I/O.
     pub fn scrub_chunk(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        for slot in self.scrub_copies(group_index) {
+            self.scrub_chunk_entries(group_index, slot, chunk);
+        }
         let lock = &self.locks[self.stripe_of(group_index, chunk)];
         {
             // Nearly every chunk is clean: read and verify it beside client
@@ -112,6 +115,7 @@ impl PoolData {
     /// client I/O to it. The scrub reads each copy on its own, so that a
     /// copy slowed by client reads holds no other device idle.
     pub fn scrub_copy(&self, group_index: usize, slot: usize, chunk: u64) -> CopyScrub {
+        self.scrub_chunk_entries(group_index, slot, chunk);
         let lock = &self.locks[self.stripe_of(group_index, chunk)];
         let _shared = lock.read();
         let group = &self.groups[group_index];

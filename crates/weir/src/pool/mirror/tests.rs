@@ -3,6 +3,7 @@
 
 mod disk;
 mod membership;
+mod metadata;
 mod races;
 mod seeds;
 
