@@ -7,7 +7,10 @@ import os
 import random
 import signal
 import threading
+import subprocess
+import tempfile
 import time
+import unittest
 
 import nbd
 
@@ -83,3 +86,46 @@ class Durability(PoolTest):
         self.assertIn("state: DEGRADED", status)
         self.assertIn(f"not a member: {a}: no weir label", status)
         self.assertRegex(status, rf"{a}\s+UNAVAIL")
+
+    @unittest.skipUnless(os.geteuid() == 0, "mounts a small tmpfs (root)")
+    def test_a_full_file_system_is_enospc_to_the_client_and_never_a_fault(self):
+        full = tempfile.mkdtemp(prefix="weir-full-")
+        self.addCleanup(os.rmdir, full)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160M", "tmpfs", full], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", full])
+        a, b = os.path.join(full, "a.img"), os.path.join(full, "b.img")
+        for path in (a, b):
+            with open(path, "wb") as f:
+                f.truncate(128 * MIB)  # two sparse 128 MiB files on 160 MiB
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "100M")
+        flushed = os.urandom(MIB)
+        w = self.serve().start()
+        try:
+            h = self.connect(w)
+            h.pwrite(flushed, 0)
+            h.flush()
+            failures = []
+            for i in range(1, 100):
+                try:
+                    h.pwrite(os.urandom(MIB), i * MIB)
+                except nbd.Error as err:
+                    failures.append(err.errno)
+            self.assertTrue(failures, "the file system never filled")
+            self.assertEqual(set(failures), {"ENOSPC"})
+            h.flush()  # the data already allocated is made durable
+            for i in range(100):  # every block reads: old or new data, never EIO
+                h.pread(MIB, i * MIB)
+            self.assertNotIn("FAULTED", w.logs())
+        finally:
+            w.proc.send_signal(signal.SIGKILL)
+            w.proc.wait()
+            w.stop()
+        with self.serve() as w:  # starts on the full file system
+            h = self.connect(w)
+            self.assertEqual(h.pread(MIB, 0), flushed)
+            for i in range(100):
+                h.pread(MIB, i * MIB)
+            h.shutdown()
+        status = self.weir("status", "tank").stdout
+        self.assertIn("state: ONLINE", status)

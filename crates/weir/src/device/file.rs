@@ -113,6 +113,34 @@ impl Device for FileDevice {
         }
     }
 
+    fn reserve(&self, offset: u64, length: u64) -> io::Result<()> {
+        assert!(
+            offset + length <= self.info.size_bytes,
+            "reserve past the end"
+        );
+        if self.file.metadata()?.file_type().is_block_device() {
+            return Ok(());
+        }
+        // SAFETY: fallocate reads no memory; the descriptor is open for
+        // as long as `self`.
+        let result = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                length as libc::off_t,
+            )
+        };
+        if result == 0 {
+            return Ok(());
+        }
+        match io::Error::last_os_error() {
+            // A file system that cannot allocate ahead allocates on write.
+            err if err.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            err => Err(err),
+        }
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         let fd = self.file.as_raw_fd();
         let end = offset + length;

@@ -132,6 +132,13 @@ pub trait Device: Send + Sync {
     /// The allocation map of `[offset, offset + length)`, at most
     /// `extents_max` entries; the last may stop short of the end.
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>>;
+    /// Allocate `[offset, offset + length)` without changing what it holds,
+    /// so that writes there never fail for want of space (a sparse file on
+    /// a file system that fills up). Devices with nothing to allocate
+    /// succeed at once.
+    fn reserve(&self, _offset: u64, _length: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Run one op and wait for it, from a thread that owns no ring (the CLI,

@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use super::label::{choose, Label, LabelError, Layout};
-use super::members::{read_labels, write_labels};
+use super::members::{read_labels, reserve_metadata, write_labels};
 use crate::device::{self, Device, DeviceSpec, IoEngine};
 use crate::pool::mirror::select::{ReadPolicy, COPIES_MAX};
 use crate::sched::Mode;
@@ -236,6 +236,8 @@ pub fn create(
             layout: layout.clone(),
             resilvering: false,
         };
+        reserve_metadata(device.as_ref())
+            .with_context(|| format!("cannot reserve space for the pool's metadata on {text}"))?;
         write_labels(device.as_ref(), &label, &[0, 1])
             .with_context(|| format!("cannot label {text}"))?;
     }

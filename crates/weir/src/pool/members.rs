@@ -2,6 +2,7 @@
 
 use std::io;
 
+use super::geometry::DeviceRegions;
 use super::label::{label_offsets, Label, LabelError, LABEL_BYTES};
 use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 
@@ -45,4 +46,17 @@ pub fn write_labels(device: &dyn Device, label: &Label, which: &[usize]) -> io::
         run_sync(device, op).result?;
     }
     Ok(())
+}
+
+/// Allocate a member's metadata (labels, volume table, checksums, dirty
+/// log) so that on a sparse file a full file system can fail only data
+/// writes, never a flush or a recovery.
+pub fn reserve_metadata(device: &dyn Device) -> io::Result<()> {
+    let size_bytes = device.info().size_bytes;
+    let Some(regions) = DeviceRegions::plan(size_bytes) else {
+        return Ok(());
+    };
+    device.reserve(0, regions.data.0)?;
+    let tail = label_offsets(size_bytes)[1];
+    device.reserve(tail, size_bytes - tail)
 }

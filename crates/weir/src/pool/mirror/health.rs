@@ -180,9 +180,21 @@ impl PoolData {
     }
 
     /// Count a write error on a member; true if it is now out of service.
+    /// A member out of space is not failing: it stays, and the error goes
+    /// to the client as ENOSPC.
     pub(super) fn note_write_error(&self, group: usize, member: usize, err: &io::Error) -> bool {
         let slot = &self.groups[group].slots[member];
         slot.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+        if is_out_of_space(err) {
+            tracing::warn!(
+                pool = self.name,
+                group,
+                member,
+                device = slot.spec.read().as_str(),
+                "member out of space: {err}"
+            );
+            return false;
+        }
         self.fault(group, member, &format!("write error: {err}"))
     }
 
@@ -213,7 +225,11 @@ impl PoolData {
             let Err(err) = result else { continue };
             // All copies failing is the device path's trouble, not one member's.
             if !written || !self.note_write_error(group, member, &err) {
-                failure.get_or_insert(io::Error::new(err.kind(), format!("{what}: {err}")));
+                failure.get_or_insert_with(|| match err.raw_os_error() {
+                    // The errno is what the client is told: keep it.
+                    Some(errno) if is_out_of_space(&err) => io::Error::from_raw_os_error(errno),
+                    _ => io::Error::new(err.kind(), format!("{what}: {err}")),
+                });
             }
         }
         match failure {
@@ -245,4 +261,12 @@ impl PoolData {
         }
         failure.map_or(Ok(()), Err)
     }
+}
+
+/// ENOSPC and its kin: the device is fine, its file system is full.
+pub(super) fn is_out_of_space(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)
+    )
 }

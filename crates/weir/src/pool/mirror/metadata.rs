@@ -133,7 +133,21 @@ impl PoolData {
             .into_iter()
             .zip(run_all(ops).into_iter().map(|o| o.result))
             .collect();
-        self.settle_writes(group_index, results, "recovery write")
+        match self.settle_writes(group_index, results, "recovery write") {
+            // A copy that could not take the chunk (its file system is full)
+            // keeps blocks that fail their checksum; reads heal them from a
+            // copy that took it. Opening the pool must not wait for space.
+            Err(err) if super::health::is_out_of_space(&err) => {
+                tracing::warn!(
+                    pool = self.name,
+                    group = group_index,
+                    chunk,
+                    "recovery: a copy is out of space; reads heal it"
+                );
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// Persist changed checksum pages, flush every member, clear quiet regions.

@@ -73,6 +73,11 @@ impl Attached {
     fn new(device: Arc<dyn Device>, mode: Mode) -> io::Result<Arc<Attached>> {
         let regions = DeviceRegions::plan(device.info().size_bytes)
             .ok_or_else(|| io_err("a member is too small for the pool format".into()))?;
+        // Pools created before metadata was reserved get it now; without
+        // room, data writes still work until the file system fills.
+        if let Err(err) = crate::pool::members::reserve_metadata(device.as_ref()) {
+            tracing::warn!(device = device.info().description.as_str(), error = %err, "cannot reserve space for the pool's metadata");
+        }
         Ok(Arc::new(Attached {
             queue: DeviceQueue::with_mode(device, mode),
             regions,

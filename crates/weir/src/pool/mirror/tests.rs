@@ -6,6 +6,7 @@ mod membership;
 mod metadata;
 mod races;
 mod seeds;
+mod space;
 
 use std::sync::Arc;
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::io_ops::{run_all, write_op};
 use super::{PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES, LOCK_STRIPES, SUMS_PER_PAGE};
+use crate::device::{AlignedBuf, DeviceOp};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
 use crate::sched::IoClass;
@@ -67,12 +68,20 @@ impl PoolData {
                         o.result
                             .as_ref()
                             .map(|_| ())
-                            .map_err(|e| io::Error::new(e.kind(), e.to_string())),
+                            .map_err(|e| match e.raw_os_error() {
+                                Some(errno) => io::Error::from_raw_os_error(errno),
+                                None => io::Error::new(e.kind(), e.to_string()),
+                            }),
                     )
                 })
                 .collect();
             if let Err(err) = self.settle_writes(group, results, "write") {
                 written = Err(err);
+            }
+        }
+        if written.is_err() {
+            for piece in &pieces {
+                self.settle_failed_blocks(piece);
             }
         }
         for piece in &pieces {
@@ -119,6 +128,50 @@ impl PoolData {
             }
         }
         Ok(())
+    }
+
+    /// After a write that failed on a copy that stays in service (its file
+    /// system is full), each block it touched may hold old, new or mixed
+    /// bytes on each copy, all legal after an error. Where no copy matches
+    /// the block's checksum any more, the checksum takes the first copy
+    /// that reads, so the block reads back instead of failing everywhere;
+    /// reads heal the other copies from it. The caller holds the chunks.
+    fn settle_failed_blocks(&self, piece: &Piece) {
+        let group = &self.groups[piece.group];
+        let ops = group
+            .readable()
+            .into_iter()
+            .map(|(_, member)| {
+                let op = DeviceOp::Read {
+                    offset: member.regions.data.0 + piece.data_offset,
+                    buf: AlignedBuf::new(piece.length as usize),
+                };
+                (member, IoClass::SyncWrite, op)
+            })
+            .collect();
+        let copies: Vec<AlignedBuf> = run_all(ops)
+            .into_iter()
+            .filter_map(|o| o.result.ok().and(o.buf))
+            .collect();
+        let block = DATA_BLOCK_BYTES as usize;
+        let first = piece.data_offset / DATA_BLOCK_BYTES;
+        let mut state = group.state.lock();
+        for b in 0..(piece.length / DATA_BLOCK_BYTES) as usize {
+            let index = first + b as u64;
+            let sum = state.sums[index as usize];
+            let range = b * block..(b + 1) * block;
+            if sum == BlockSum::Zero
+                || copies
+                    .iter()
+                    .any(|c| sum.verifies(&c.as_slice()[range.clone()]))
+            {
+                continue;
+            }
+            if let Some(copy) = copies.first() {
+                state.sums[index as usize] = BlockSum::of(&copy.as_slice()[range]);
+                state.dirty_pages.insert(index / SUMS_PER_PAGE);
+            }
+        }
     }
 
     fn touched_groups(&self, pieces: &[Piece]) -> BTreeSet<usize> {

@@ -28,6 +28,11 @@ struct State {
     vanished: bool,
     /// Writes at or past this offset wait in `gate` instead of completing.
     hold_from: Option<u64>,
+    /// Pages written or reserved: a sparse file's allocation.
+    allocated: BTreeSet<u64>,
+    /// With a limit, a write that needs more pages lands up to the first
+    /// page that does not fit and fails with ENOSPC (a full file system).
+    pages_max: Option<usize>,
 }
 
 /// Writes held back from several disks, completed together when any of
@@ -126,6 +131,15 @@ impl SimDisk {
             .lock()
             .bad_pages
             .contains(&(offset / PAGE as u64))
+    }
+
+    /// From now on the disk holds at most `pages` allocated pages.
+    pub fn fill_at(&self, pages: usize) {
+        self.state.lock().pages_max = Some(pages);
+    }
+
+    pub fn allocated_pages(&self) -> usize {
+        self.state.lock().allocated.len()
     }
 
     pub fn vanish(&self) {
@@ -269,18 +283,34 @@ impl Device for SimDisk {
                         }
                         _ => offset,
                     };
+                    // The pages that fit, in order; the rest fail for space.
+                    let mut fits = 0;
                     for page in State::pages(landing, length) {
+                        let room = state
+                            .pages_max
+                            .is_none_or(|max| state.allocated.len() < max);
+                        if !state.allocated.contains(&page) && !room {
+                            break;
+                        }
+                        state.allocated.insert(page);
                         state.bad_pages.remove(&page);
+                        fits = (page + 1) * PAGE as u64 - landing;
                     }
+                    let bytes = &buf.as_slice()[..(fits.min(length)) as usize];
                     if durable {
                         // Stronger than FUA needs, and still legal.
                         state.apply_all_volatile();
-                        state.apply(landing, buf.as_slice());
+                        state.apply(landing, bytes);
                     } else {
-                        state.volatile.push((landing, buf.as_slice().to_vec()));
+                        state.volatile.push((landing, bytes.to_vec()));
                     }
+                    let result = if (bytes.len() as u64) < length {
+                        Err(io::Error::from_raw_os_error(libc::ENOSPC))
+                    } else {
+                        Ok(())
+                    };
                     Outcome {
-                        result: Ok(()),
+                        result,
                         buf: Some(buf),
                         hole: false,
                     }
@@ -296,6 +326,20 @@ impl Device for SimDisk {
         };
         drop(state);
         done(outcome)
+    }
+
+    fn reserve(&self, offset: u64, length: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        for page in State::pages(offset, length) {
+            let room = state
+                .pages_max
+                .is_none_or(|max| state.allocated.len() < max);
+            if !state.allocated.contains(&page) && !room {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            state.allocated.insert(page);
+        }
+        Ok(())
     }
 
     fn extents(&self, _offset: u64, length: u64, _extents_max: usize) -> io::Result<Vec<Extent>> {
