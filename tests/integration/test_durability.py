@@ -6,6 +6,8 @@ driven by libnbd."""
 import os
 import random
 import signal
+import socket
+import struct
 import threading
 import subprocess
 import tempfile
@@ -15,10 +17,11 @@ import unittest
 import nbd
 
 from test_pool import MIB, PoolTest
-from weirtest import Weir
+from test_protocol import RawClient
+from weirtest import Weir, raw_connection
 
 
-class Durability(PoolTest):
+class Durability(RawClient, PoolTest):
     def serve(self):
         return Weir("--data-dir", self.data)
 
@@ -129,3 +132,46 @@ class Durability(PoolTest):
             h.shutdown()
         status = self.weir("status", "tank").stdout
         self.assertIn("state: ONLINE", status)
+
+    def test_a_client_that_never_reads_its_replies_holds_up_no_other_client(self):
+        self.make_pool()
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(os.urandom(4 * MIB), 0)
+            h.flush()
+            stalled = raw_connection(w.socket)
+            self.handshake_to_options(stalled)
+            self.go(stalled, b"tank/disk")
+            # Thousands of small reads of the chunks the others write, and
+            # not one reply read: the socket's buffers fill.
+            stalled.settimeout(5)
+            sent = 0
+            try:
+                for i in range(20000):
+                    at = (i % 1024) * 4096
+                    stalled.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, i, at, 4096))
+                    sent += 1
+            except (socket.timeout, BlockingIOError):
+                pass  # weir stopped reading requests: its budget is full
+            self.assertGreater(sent, 1000)
+            started = time.monotonic()
+            done = []
+
+            def writer(k):
+                other = self.connect(w)
+                for j in range(8):
+                    other.pwrite(os.urandom(64 * 1024), (k * 8 + j) * 64 * 1024)
+                    other.flush()
+                other.shutdown()
+                done.append(k)
+
+            threads = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            took = time.monotonic() - started
+            self.assertEqual(sorted(done), [0, 1, 2, 3], "writers beside the stalled client hung")
+            self.assertLess(took, 20)
+            stalled.close()
+            h.shutdown()

@@ -128,7 +128,10 @@ pub fn resolve(copies: &[CopyState]) -> Resolution {
             sum: BlockSum::Data(copies[index].actual),
         };
     }
-    if copies.iter().all(|c| c.stored == Some(BlockSum::Zero)) {
+    // Every entry that checks out says zero (a damaged one says nothing):
+    // the block was trimmed or never written, whatever its data holds.
+    let mut entries = copies.iter().filter_map(|c| c.stored).peekable();
+    if entries.peek().is_some() && entries.all(|s| s == BlockSum::Zero) {
         return Resolution::Zero;
     }
     // Torn everywhere: any readable copy is a legal outcome for an
@@ -330,6 +333,11 @@ mod tests {
                 source: 1,
                 sum: BlockSum::Data(10)
             }
+        );
+        // The other copy's entry says zero: the block was trimmed.
+        assert_eq!(
+            resolve(&[corrupt, copy(true, BlockSum::Zero, 10)]),
+            Resolution::Zero
         );
         // No entry checks out anywhere: the first readable copy, recomputed.
         let r = resolve(&[corrupt, corrupt]);

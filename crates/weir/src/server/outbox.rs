@@ -18,6 +18,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -78,6 +79,9 @@ struct Queue {
 struct Socket {
     stream: Stream,
     alive: bool,
+    /// A batch the reader began to send when the socket filled, and how
+    /// many of its bytes went out: the writer thread sends the rest first.
+    partial: Option<(Vec<Reply>, usize)>,
 }
 
 pub struct Outbox {
@@ -114,6 +118,7 @@ impl Outbox {
             socket: Mutex::new(Socket {
                 stream,
                 alive: true,
+                partial: None,
             }),
         })
     }
@@ -130,10 +135,13 @@ impl Outbox {
             .spawn(move || loop {
                 {
                     let mut queue = outbox.queue.lock();
-                    while queue.replies.is_empty() && !queue.closed {
+                    // Called with nothing queued: the reader left a batch
+                    // it could only begin to send.
+                    let idle = |q: &Queue| q.replies.is_empty() && !q.writer_called;
+                    while idle(&queue) && !queue.closed {
                         outbox.ready.wait(&mut queue);
                     }
-                    if queue.replies.is_empty() && queue.closed {
+                    if idle(&queue) && queue.closed {
                         return;
                     }
                 }
@@ -162,22 +170,38 @@ impl Outbox {
 
     /// The reader's send: what is queued, unless the writer thread has been
     /// called for it or is already sending (it re-checks the queue before
-    /// it sleeps, so nothing is left behind).
+    /// it sleeps, so nothing is left behind). It never blocks on the
+    /// socket: the reader also reaps its ring, whose completions release
+    /// locks that other clients wait for, so a client that stops reading
+    /// its replies leaves them to the writer thread.
     pub fn drain_unless_busy(&self) {
         if self.queue.lock().writer_called {
             return;
         }
         if let Some(socket) = self.socket.try_lock() {
-            self.drain_locked(socket);
+            self.drain_locked(socket, false);
         }
     }
 
     /// Write out everything queued (blocking on this client's socket only).
     pub fn drain(&self) {
-        self.drain_locked(self.socket.lock());
+        self.drain_locked(self.socket.lock(), true);
     }
 
-    fn drain_locked(&self, mut socket: parking_lot::MutexGuard<'_, Socket>) {
+    /// Hand what is left to the writer thread.
+    fn call_writer(&self) {
+        self.queue.lock().writer_called = true;
+        self.ready.notify_one();
+    }
+
+    fn drain_locked(&self, mut socket: parking_lot::MutexGuard<'_, Socket>, blocking: bool) {
+        if let Some((batch, sent)) = socket.partial.take() {
+            if !blocking {
+                socket.partial = Some((batch, sent));
+                return self.call_writer();
+            }
+            self.finish(&mut socket, batch, sent);
+        }
         loop {
             let batch: Vec<Reply> = {
                 let mut queue = self.queue.lock();
@@ -192,17 +216,44 @@ impl Outbox {
             if batch.is_empty() {
                 return;
             }
-            if socket.alive {
-                if let Err(err) = send(&mut socket.stream, self.structured, &batch) {
-                    tracing::info!(peer = self.peer, error = %err, "client went away while replies were pending");
-                    socket.alive = false;
-                    // Unblock the reader too; it will wind the connection down.
-                    socket.stream.shutdown(Shutdown::Both);
+            if !blocking && socket.alive {
+                match send_some(&socket.stream, self.structured, &batch) {
+                    Ok((sent, total)) if sent < total => {
+                        socket.partial = Some((batch, sent));
+                        return self.call_writer();
+                    }
+                    Ok(_) => self.release(batch),
+                    Err(err) => {
+                        self.went_away(&mut socket, &err);
+                        self.release(batch);
+                    }
                 }
+                continue;
             }
-            for reply in batch {
-                self.budget.release(reply.budget_bytes);
+            self.finish(&mut socket, batch, 0);
+        }
+    }
+
+    /// Send `batch` from byte `sent` on, blocking, then release its budget.
+    fn finish(&self, socket: &mut Socket, batch: Vec<Reply>, sent: usize) {
+        if socket.alive {
+            if let Err(err) = send(&mut socket.stream, self.structured, &batch, sent) {
+                self.went_away(socket, &err);
             }
+        }
+        self.release(batch);
+    }
+
+    fn went_away(&self, socket: &mut Socket, err: &io::Error) {
+        tracing::info!(peer = self.peer, error = %err, "client went away while replies were pending");
+        socket.alive = false;
+        // Unblock the reader too; it will wind the connection down.
+        socket.stream.shutdown(Shutdown::Both);
+    }
+
+    fn release(&self, batch: Vec<Reply>) {
+        for reply in batch {
+            self.budget.release(reply.budget_bytes);
         }
     }
 
@@ -220,18 +271,89 @@ fn payload_bytes(reply: &Reply) -> usize {
     }
 }
 
-fn send(stream: &mut Stream, structured: bool, batch: &[Reply]) -> io::Result<()> {
+/// The bytes of one reply's payload that go on the wire after its header.
+fn payload<'a>(reply: &'a Reply, structured: bool) -> Option<&'a [u8]> {
+    match &reply.body {
+        Body::Read { data, .. } if !(structured && data.hole) => Some(data.bytes()),
+        _ => None,
+    }
+}
+
+/// Send `batch` from byte `skip` on, blocking until all is written.
+fn send(stream: &mut Stream, structured: bool, batch: &[Reply], skip: usize) -> io::Result<()> {
     let headers: Vec<Vec<u8>> = batch.iter().map(|r| header(r, structured)).collect();
     let mut slices = Vec::with_capacity(batch.len() * 2);
     for (reply, header) in batch.iter().zip(&headers) {
         slices.push(IoSlice::new(header));
-        if let Body::Read { data, .. } = &reply.body {
-            if !(structured && data.hole) {
-                slices.push(IoSlice::new(data.bytes()));
+        if let Some(bytes) = payload(reply, structured) {
+            slices.push(IoSlice::new(bytes));
+        }
+    }
+    let mut slices = &mut slices[..];
+    IoSlice::advance_slices(&mut slices, skip);
+    write_all_vectored(stream, slices)
+}
+
+/// Send as much of `batch` as the socket takes now, without blocking:
+/// the bytes sent, and the batch's whole length.
+fn send_some(stream: &Stream, structured: bool, batch: &[Reply]) -> io::Result<(usize, usize)> {
+    let headers: Vec<Vec<u8>> = batch.iter().map(|r| header(r, structured)).collect();
+    let mut iovecs = Vec::with_capacity(batch.len() * 2);
+    let mut push = |bytes: &[u8]| {
+        iovecs.push(libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        })
+    };
+    for (reply, header) in batch.iter().zip(&headers) {
+        push(header);
+        if let Some(bytes) = payload(reply, structured) {
+            push(bytes);
+        }
+    }
+    let total: usize = iovecs.iter().map(|v| v.iov_len).sum();
+    let mut sent = 0;
+    let mut first = 0;
+    while sent < total {
+        let slice = &mut iovecs[first..];
+        let count = slice.len().min(libc::UIO_MAXIOV as usize);
+        // SAFETY: every iovec points into `headers` or a reply's buffer,
+        // both borrowed for this call; the message struct lives on the stack.
+        let result = unsafe {
+            let mut message: libc::msghdr = std::mem::zeroed();
+            message.msg_iov = slice.as_mut_ptr();
+            message.msg_iovlen = count as _;
+            libc::sendmsg(
+                stream.as_raw_fd(),
+                &message,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if result < 0 {
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => return Ok((sent, total)),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(err),
+            }
+        }
+        let mut written = result as usize;
+        sent += written;
+        // Step past what went out, trimming a slice that went out in part.
+        while written > 0 {
+            let iov = &mut iovecs[first];
+            if written >= iov.iov_len {
+                written -= iov.iov_len;
+                first += 1;
+            } else {
+                // SAFETY: `written` < `iov_len`: still inside the same buffer.
+                iov.iov_base = unsafe { (iov.iov_base as *mut u8).add(written) } as *mut _;
+                iov.iov_len -= written;
+                written = 0;
             }
         }
     }
-    write_all_vectored(stream, &mut slices)
+    Ok((sent, total))
 }
 
 /// The bytes before any read data, or the whole reply.

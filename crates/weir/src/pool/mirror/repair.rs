@@ -395,7 +395,7 @@ impl PoolData {
     }
 
     /// Copy one chunk onto a resilvering member from the complete copies.
-    fn resilver_chunk(&self, group: usize, member: usize, chunk: u64) -> io::Result<()> {
+    pub(super) fn resilver_chunk(&self, group: usize, member: usize, chunk: u64) -> io::Result<()> {
         let _guard = self.locks[self.stripe_of(group, chunk)].write();
         let piece = Piece {
             group,
@@ -436,7 +436,7 @@ impl PoolData {
     }
 
     /// The copy is whole: make it durable, then read from it.
-    fn finish_resilver(&self, group: usize, member: usize) -> io::Result<()> {
+    pub(super) fn finish_resilver(&self, group: usize, member: usize) -> io::Result<()> {
         self.flush_group(group)?;
         let mut config = self.config.lock();
         let slot = &self.groups[group].slots[member];
