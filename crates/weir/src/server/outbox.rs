@@ -272,7 +272,7 @@ fn payload_bytes(reply: &Reply) -> usize {
 }
 
 /// The bytes of one reply's payload that go on the wire after its header.
-fn payload<'a>(reply: &'a Reply, structured: bool) -> Option<&'a [u8]> {
+fn payload(reply: &Reply, structured: bool) -> Option<&[u8]> {
     match &reply.body {
         Body::Read { data, .. } if !(structured && data.hole) => Some(data.bytes()),
         _ => None,
