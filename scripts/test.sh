@@ -29,6 +29,8 @@ echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 echo "== unit tests"
 cargo test --all
+echo "== pool torture test: 3000 more seeds, optimised"
+WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=3000 cargo test --release -p weir --lib every_seed_keeps_flushed_data
 echo "== building the release binary for integration tests"
 cargo build --release
 export WEIR_BIN="$PWD/target/release/weir"

@@ -1,12 +1,13 @@
 //! Pool behaviour on simulated disks: healing, narrowing, faults, replace.
-//! The seeded whole-pool simulation is in `tests/seeds.rs`.
+//! The torture test, a seeded whole-pool simulation under every
+//! recoverable fault, is in `tests/torture.rs`.
 
 mod disk;
 mod membership;
 mod metadata;
 mod races;
-mod seeds;
 mod space;
+mod torture;
 
 use std::sync::Arc;
 

@@ -81,7 +81,9 @@ impl PoolData {
         }
         if written.is_err() {
             for piece in &pieces {
-                self.settle_failed_blocks(piece);
+                let bytes = &data
+                    [piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
+                self.settle_failed_blocks(piece, bytes);
             }
         }
         for piece in &pieces {
@@ -131,12 +133,15 @@ impl PoolData {
     }
 
     /// After a write that failed on a copy that stays in service (its file
-    /// system is full), each block it touched may hold old, new or mixed
-    /// bytes on each copy, all legal after an error. Where no copy matches
-    /// the block's checksum any more, the checksum takes the first copy
-    /// that reads, so the block reads back instead of failing everywhere;
-    /// reads heal the other copies from it. The caller holds the chunks.
-    fn settle_failed_blocks(&self, piece: &Piece) {
+    /// system is full), each block it touched may hold the old or the new
+    /// bytes on each copy, both legal after an error. The block's checksum
+    /// becomes that of the new bytes if a copy holds them, else stays if a
+    /// copy still matches it, else takes the first copy that reads, so the
+    /// block reads back instead of failing everywhere; reads and the scrub
+    /// heal the other copies. A copy holding neither old nor new bytes is
+    /// corrupt and is never the source while another will do. The caller
+    /// holds the chunks.
+    fn settle_failed_blocks(&self, piece: &Piece, new: &[u8]) {
         let group = &self.groups[piece.group];
         let ops = group
             .readable()
@@ -160,15 +165,23 @@ impl PoolData {
             let index = first + b as u64;
             let sum = state.sums[index as usize];
             let range = b * block..(b + 1) * block;
-            if sum == BlockSum::Zero
-                || copies
+            let held = |sum: BlockSum| {
+                copies
                     .iter()
                     .any(|c| sum.verifies(&c.as_slice()[range.clone()]))
-            {
-                continue;
-            }
-            if let Some(copy) = copies.first() {
-                state.sums[index as usize] = BlockSum::of(&copy.as_slice()[range]);
+            };
+            let written = BlockSum::of(&new[range.clone()]);
+            // The new bytes where a copy took them: the copies that missed
+            // them (out of space) are the ones repaired later.
+            let settled = if held(written) {
+                Some(written)
+            } else if sum == BlockSum::Zero || held(sum) {
+                None
+            } else {
+                copies.first().map(|c| BlockSum::of(&c.as_slice()[range]))
+            };
+            if let Some(sum) = settled {
+                state.sums[index as usize] = sum;
                 state.dirty_pages.insert(index / SUMS_PER_PAGE);
             }
         }

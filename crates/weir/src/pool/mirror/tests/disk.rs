@@ -57,6 +57,12 @@ impl Gate {
         self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Complete whatever is still held, now.
+    pub fn open_now(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.release();
+    }
+
     fn release(&self) {
         if !self.armed.load(std::sync::atomic::Ordering::SeqCst) {
             return;
@@ -93,6 +99,12 @@ impl SimDisk {
             state: Mutex::new(State::default()),
             gate: Mutex::new(None),
         }
+    }
+
+    /// Stop holding writes (those held stay held until their gate opens).
+    pub fn release_hold(&self) {
+        self.state.lock().hold_from = None;
+        *self.gate.lock() = None;
     }
 
     /// Hold the next writes at or past `offset` in `gate` until a flush
