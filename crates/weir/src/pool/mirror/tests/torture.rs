@@ -26,7 +26,8 @@
 //! power losses; they are recoverable.
 //!
 //! `WEIR_SIM_SEEDS=N` runs N seeds (default 1000), from `WEIR_SIM_FIRST`
-//! (default 0); `WEIR_SIM_SEED=S` runs one, and `WEIR_SIM_HISTORY=1`
+//! (default 0); `WEIR_SIM_SEED=S` runs one, `WEIR_SIM_LOG=1` shows the
+//! pool's log, and `WEIR_SIM_HISTORY=1`
 //! prints what it did. A failure names its seed.
 
 use std::collections::HashMap;
@@ -330,7 +331,7 @@ impl Run {
         }
         // Blocks a full disk missed are damaged copies like any other: the
         // scrub repairs them once there is room.
-        self.free_space();
+        self.free_space()?;
         self.pool()
             .flush_all()
             .map_err(|e| format!("flush failed: {e}"))?;
@@ -717,7 +718,7 @@ impl Run {
                 self.history
                     .push(format!("disk {disk} full in {room} pages"));
             }
-            111 => self.free_space(),
+            111 => self.free_space()?,
             112..=114 if self.vanished.is_none() => self.write_across_flushes()?,
             115..=119 => {
                 let group = self.rng.below(self.pool().groups() as u64) as usize;
@@ -735,18 +736,31 @@ impl Run {
         Ok(())
     }
 
-    fn free_space(&mut self) {
-        if let Some(disk) = self.full.take() {
-            self.fixture.disks[disk].fill_at(usize::MAX);
-            self.history.push(format!("disk {disk} has room again"));
+    /// Give the full disk room again; it must still be in service.
+    fn free_space(&mut self) -> Result<(), String> {
+        let Some(disk) = self.full.take() else {
+            return Ok(());
+        };
+        self.fixture.disks[disk].fill_at(usize::MAX);
+        self.history.push(format!("disk {disk} has room again"));
+        let (group, member) = (disk / self.fixture.copies, disk % self.fixture.copies);
+        let slot = &self.pool().groups[group].slots[member];
+        // Left out of the running pool: not faulted for anything it did.
+        let absent = slot.attached().is_none();
+        // Unreadable blocks that could not be rewritten for want of space
+        // do fault it, as read errors.
+        let read_errors = slot.counters.read_errors.load(Ordering::Relaxed);
+        if !absent && slot.health() == Health::Faulted && read_errors < 32 {
+            return Err(format!("disk {disk} was faulted for being full"));
         }
+        Ok(())
     }
 
     fn finish(&mut self) -> Result<(), String> {
         for disk in &self.fixture.disks {
             disk.disarm();
         }
-        self.free_space();
+        self.free_space()?;
         self.bring_member_back()?;
         while self.rebuilding.is_some() {
             self.rebuild_step()?;
@@ -788,6 +802,9 @@ impl Run {
 }
 
 fn run_seed(seed: u64) -> Result<(), String> {
+    if std::env::var("WEIR_SIM_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    }
     let mut rng = Rng::new(seed);
     let (groups, copies) = match rng.below(4) {
         0 | 1 => (1, 2),
