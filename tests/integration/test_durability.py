@@ -72,6 +72,35 @@ class Durability(RawClient, PoolTest):
             fb.seek(4 * MIB)
             self.assertEqual(fa.read(64 * MIB), fb.read(64 * MIB), "the copies agree")
 
+    def test_the_other_member_alone_is_refused_after_a_run_without_the_first(self):
+        a, b = self.make_pool()
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(b"\x11" * MIB, 0)
+            h.flush()
+            h.shutdown()
+        os.rename(a, a + ".away")
+        with self.serve() as w:
+            h = self.connect(w)
+            h.pwrite(b"\x22" * MIB, 0)
+            h.flush()
+            h.shutdown()
+        # Only the member that missed those writes is left.
+        os.rename(a + ".away", a)
+        os.rename(b, b + ".away")
+        refused = Weir("--data-dir", self.data)
+        with self.assertRaises(RuntimeError):
+            refused.start()
+        self.assertIn("behind the", refused.logs())
+        self.assertIn("a member holding newer writes is missing", refused.logs())
+        refused.stop()
+        # With both back, the current one serves and the other is rebuilt.
+        os.rename(b + ".away", b)
+        with self.serve() as w:
+            h = self.connect(w)
+            self.assertEqual(h.pread(MIB, 0), b"\x22" * MIB)
+            h.shutdown()
+
     def test_a_member_whose_label_is_destroyed_is_unavailable_and_the_server_still_starts(self):
         a, _ = self.make_pool()
         data = os.urandom(MIB)

@@ -51,6 +51,10 @@ struct RegisteredPool {
     /// How mirrors choose the copy for a read; absent: latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     read_policy: Option<String>,
+    /// The highest label generation this data directory has served the
+    /// pool at: devices found behind it miss writes a newer member holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
 }
 
 impl Registry {
@@ -248,6 +252,7 @@ pub fn create(
         devices: texts.iter().map(|t| identity(t)).collect(),
         sched: None,
         read_policy: None,
+        generation: None,
     });
     registry.save(data_dir)
 }
@@ -500,6 +505,7 @@ pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
         devices,
         sched: None,
         read_policy: None,
+        generation: None,
     });
     registry.save(data_dir)?;
     Ok(name)
@@ -548,6 +554,19 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
 fn import_entry(pool: &RegisteredPool, repair: bool) -> anyhow::Result<Imported> {
     let name = &pool.name;
     let mut imported = import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))?;
+    if let Some(seen) = pool
+        .generation
+        .filter(|seen| *seen > imported.label.generation)
+    {
+        bail!(
+            "pool {name:?}: the devices found are at generation {}, behind the {seen} this \
+             data directory served: a member holding newer writes is missing. Bring it back; \
+             to serve the older data instead, remove the pool from {} and `weir pool import` \
+             its devices",
+            imported.label.generation,
+            REGISTRY_FILE,
+        );
+    }
     if let Some(text) = &pool.sched {
         imported.sched = Mode::parse(text).with_context(|| {
             format!("pool {name:?}: unknown sched {text:?} in the registry (want fifo, zfs or adaptive)")
@@ -562,6 +581,21 @@ fn import_entry(pool: &RegisteredPool, repair: bool) -> anyhow::Result<Imported>
         })?;
     }
     Ok(imported)
+}
+
+/// Remember that `pool` has been served at label `generation`, so that an
+/// import finding only devices behind it refuses them. Concurrent callers
+/// in this process take turns.
+pub fn record_generation(data_dir: &Path, pool: &str, generation: u64) -> anyhow::Result<()> {
+    static TURN: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let _turn = TURN.lock();
+    let mut registry = Registry::load(data_dir)?;
+    let entry = registry.entry_mut(pool)?;
+    if entry.generation.is_some_and(|seen| seen >= generation) {
+        return Ok(());
+    }
+    entry.generation = Some(generation);
+    registry.save(data_dir)
 }
 
 /// Record how the mirrors of `pool` choose the copy for a read.

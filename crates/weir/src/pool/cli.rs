@@ -182,6 +182,7 @@ fn open_local(pool: &str, data_dir: &Path, resume_background: bool) -> anyhow::R
     let imported = admin::import_registered(pool, data_dir, true)?;
     let data = super::mirror::PoolData::open(&imported)
         .with_context(|| format!("cannot open pool {pool:?}"))?;
+    data.record_generations_in(data_dir);
     Ok(PoolService::new(data_dir, vec![data], resume_background))
 }
 

@@ -167,6 +167,7 @@ pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
         let table = read_table(&pool)?;
         let data = super::mirror::PoolData::open(&pool)
             .with_context(|| format!("cannot open pool {pool_name:?}"))?;
+        data.record_generations_in(data_dir);
         if data.state_name() != "ONLINE" {
             tracing::warn!(
                 pool = pool_name,

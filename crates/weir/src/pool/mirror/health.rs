@@ -259,6 +259,9 @@ impl PoolData {
                 }
             }
         }
+        if failure.is_none() {
+            self.note_generation(config.generation);
+        }
         failure.map_or(Ok(()), Err)
     }
 }

@@ -158,6 +158,8 @@ pub struct PoolData {
     sched: Mutex<Mode>,
     /// The read selectors' clock starts here.
     opened: std::time::Instant,
+    /// The data directory whose registry remembers each new generation.
+    registry_dir: Mutex<Option<std::path::PathBuf>>,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -293,6 +295,7 @@ impl PoolData {
             abandoned: AtomicBool::new(false),
             sched: Mutex::new(pool.sched),
             opened: std::time::Instant::now(),
+            registry_dir: Mutex::new(None),
         });
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
@@ -352,6 +355,22 @@ impl PoolData {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// From now on, record every generation the labels move to in the
+    /// registry of `data_dir` (the current one at once).
+    pub fn record_generations_in(&self, data_dir: &std::path::Path) {
+        *self.registry_dir.lock() = Some(data_dir.to_path_buf());
+        self.note_generation(self.config.lock().generation);
+    }
+
+    fn note_generation(&self, generation: u64) {
+        let Some(dir) = self.registry_dir.lock().clone() else {
+            return;
+        };
+        if let Err(err) = crate::pool::admin::record_generation(&dir, &self.name, generation) {
+            tracing::warn!(pool = self.name, error = %err, "cannot record the pool's generation");
+        }
     }
 
     /// Blocks rewritten from a good copy since the pool was opened.
