@@ -210,15 +210,19 @@ impl PoolData {
     /// and rewrite them if they differ (damage the data scrub cannot see,
     /// as the pool verifies data against the entries it holds in memory).
     /// True if they were rewritten. Entries waiting for a flush are skipped:
-    /// that flush writes them.
+    /// that flush writes them. The scrub-class read runs without the
+    /// metadata lock, so a throttled scrub never holds up a flush.
     pub(super) fn scrub_chunk_entries(&self, group_index: usize, slot: usize, chunk: u64) -> bool {
         let group = &self.groups[group_index];
         let Some((_, member)) = group.readable().into_iter().find(|(m, _)| *m == slot) else {
             return false;
         };
-        let _io = group.metadata_io.lock();
         let page = chunk * BLOCKS_PER_CHUNK / SUMS_PER_PAGE;
-        let expected = {
+        let offset = member.regions.checksums.0 + page * PAGE_BYTES;
+        let entries = (chunk * BLOCKS_PER_CHUNK % SUMS_PER_PAGE * CHECKSUM_ENTRY_BYTES) as usize;
+        let entries = entries..entries + (BLOCKS_PER_CHUNK * CHECKSUM_ENTRY_BYTES) as usize;
+        // The page as the last flush wrote it; None while a flush is due.
+        let expected = || {
             let state = group.state.lock();
             let first = (chunk * BLOCKS_PER_CHUNK) as usize;
             let empty = state.sums[first..first + BLOCKS_PER_CHUNK as usize]
@@ -227,20 +231,24 @@ impl PoolData {
             // An empty chunk's entries are read only at open, where a
             // damaged one is outvoted; skipping them keeps a scrub of an
             // empty pool free of I/O.
-            if empty || state.dirty_pages.contains(&page) {
-                return false;
-            }
-            page_bytes(&state.sums, page)
+            (!empty && !state.dirty_pages.contains(&page)).then(|| page_bytes(&state.sums, page))
         };
-        let offset = member.regions.checksums.0 + page * PAGE_BYTES;
-        let entries = (chunk * BLOCKS_PER_CHUNK % SUMS_PER_PAGE * CHECKSUM_ENTRY_BYTES) as usize;
-        let entries = entries..entries + (BLOCKS_PER_CHUNK * CHECKSUM_ENTRY_BYTES) as usize;
-        let found = read_at(&member, IoClass::Scrub, offset, PAGE_BYTES);
-        if found.is_ok_and(|f| f.as_slice()[entries.clone()] == expected[entries]) {
-            return false;
+        let matches = |class: IoClass, expected: &[u8]| {
+            read_at(&member, class, offset, PAGE_BYTES)
+                .is_ok_and(|f| f.as_slice()[entries.clone()] == expected[entries.clone()])
+        };
+        match expected() {
+            Some(image) if !matches(IoClass::Scrub, &image) => {}
+            _ => return false,
         }
-        let rewrite = write_op(offset, &expected, false);
+        // Again under the lock: a flush may have written the page since.
+        let io = group.metadata_io.lock();
+        let Some(image) = expected().filter(|image| !matches(IoClass::SyncWrite, image)) else {
+            return false;
+        };
+        let rewrite = write_op(offset, &image, false);
         let written = super::io_ops::run_one(&member, IoClass::Scrub, rewrite).result;
+        drop(io);
         match written {
             Ok(()) => {
                 self.metadata_repairs
@@ -254,7 +262,6 @@ impl PoolData {
                 );
             }
             Err(err) => {
-                drop(_io);
                 self.note_write_error(group_index, slot, &err);
             }
         }

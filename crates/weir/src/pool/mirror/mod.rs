@@ -297,10 +297,11 @@ impl PoolData {
             opened: std::time::Instant::now(),
             registry_dir: Mutex::new(None),
         });
+        // Sealed before recovery writes anything the absent members miss.
+        data.seal_membership()?;
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
         }
-        data.seal_membership()?;
         data.rebuild_stale_members(pool);
         Ok(data)
     }
