@@ -98,6 +98,11 @@ impl Group {
         self.members_where(|h| h != Health::Faulted)
     }
 
+    /// A member is out of service or still being rebuilt.
+    pub(super) fn missing_a_member(&self) -> bool {
+        self.slots.iter().any(|s| s.health() != Health::Online)
+    }
+
     pub(super) fn state_name(&self) -> &'static str {
         let online = self
             .slots

@@ -185,6 +185,12 @@ impl PoolData {
             state.log.restore_written(covered);
             return Err(err);
         }
+        // While a member is out of service or being rebuilt, the log also
+        // records what it misses (ZFS's DTL, md's write-intent bitmap): no
+        // bit clears, and a member that returns is rebuilt from the set bits.
+        if group.missing_a_member() {
+            return Ok(());
+        }
         let cleared = group.state.lock().log.after_flush(&covered);
         if !cleared.is_empty() {
             // Losing a clear only means an extra recovery: no durability needed.
@@ -198,6 +204,9 @@ impl PoolData {
         self.flush_group(group_index)?;
         let group = &self.groups[group_index];
         let _io = group.metadata_io.lock();
+        if group.missing_a_member() {
+            return Ok(());
+        }
         let cleared = group.state.lock().log.clear_after_final_flush();
         if cleared.is_empty() {
             Ok(())

@@ -109,6 +109,9 @@ struct Slot {
     counters: MemberCounters,
     /// While resilvering: chunks below this are copied.
     resilvered_chunks: AtomicU64,
+    /// The member returned stale: its resilver copies only the regions the
+    /// dirty-region log holds (all it missed), not every chunk.
+    resilver_dirty_only: AtomicBool,
     resilver_started: Mutex<Option<std::time::Instant>>,
 }
 
@@ -224,6 +227,7 @@ impl PoolData {
                     counters: MemberCounters::default(),
                     resilvered_chunks: AtomicU64::new(0),
                     resilver_started: Mutex::new(None),
+                    resilver_dirty_only: AtomicBool::new(false),
                 });
             }
             if !slots.iter().any(|s| s.health() == Health::Online) {
@@ -330,7 +334,10 @@ impl PoolData {
 
     /// A member that returned behind the pool's generation is rebuilt in
     /// place, as a replacement for itself: written from now on, read only
-    /// once a resilver (started with the pool's background work) is done.
+    /// once a resilver (started with the pool's background work) has
+    /// copied every region the dirty-region log marks, which holds every
+    /// region written while it was away. A resilver cut short by a restart
+    /// starts again over every chunk.
     fn rebuild_stale_members(&self, pool: &Imported) {
         for (g, devices) in pool.stale_devices.iter().enumerate() {
             for (m, device) in devices.iter().enumerate() {
@@ -347,8 +354,13 @@ impl PoolData {
                     device = spec.as_str(),
                     "a member returned behind the pool's generation: rebuilding it"
                 );
-                if let Err(err) = self.attach_replacement(g, m, Arc::clone(device), &spec, id) {
-                    tracing::error!(pool = self.name, device = spec.as_str(), error = %err, "cannot rebuild the stale member; it stays FAULTED");
+                match self.attach_replacement(g, m, Arc::clone(device), &spec, id) {
+                    Ok(()) => self.groups[g].slots[m]
+                        .resilver_dirty_only
+                        .store(true, Ordering::SeqCst),
+                    Err(err) => {
+                        tracing::error!(pool = self.name, device = spec.as_str(), error = %err, "cannot rebuild the stale member; it stays FAULTED")
+                    }
                 }
             }
         }

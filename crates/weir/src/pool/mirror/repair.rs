@@ -328,6 +328,7 @@ impl PoolData {
             *slot.attached.write() = Some(Arc::clone(&attached));
             *slot.spec.write() = spec.to_string();
             slot.resilvered_chunks.store(0, Ordering::SeqCst);
+            slot.resilver_dirty_only.store(false, Ordering::SeqCst);
             *slot.resilver_started.lock() = Some(Instant::now());
             config.layout.groups[group][member] = new_id;
             config.generation += 1;
@@ -397,6 +398,12 @@ impl PoolData {
     /// Copy one chunk onto a resilvering member from the complete copies.
     pub(super) fn resilver_chunk(&self, group: usize, member: usize, chunk: u64) -> io::Result<()> {
         let _guard = self.locks[self.stripe_of(group, chunk)].write();
+        let slot = &self.groups[group].slots[member];
+        if slot.resilver_dirty_only.load(Ordering::SeqCst)
+            && !self.groups[group].state.lock().log.is_dirty(chunk)
+        {
+            return Ok(()); // written to nowhere while the member was away
+        }
         let piece = Piece {
             group,
             data_offset: chunk * CHUNK_BYTES,

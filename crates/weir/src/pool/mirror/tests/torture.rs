@@ -479,6 +479,11 @@ impl Run {
         self.rebuilding = None;
         self.history
             .push(format!("group {group} member {member} rebuilt"));
+        if !self.data_faults {
+            // Only the regions the log held were copied: they must have
+            // been all the member missed.
+            self.check_copies_agree("after a rebuild")?;
+        }
         Ok(())
     }
 
