@@ -109,6 +109,12 @@ class Durability(RawClient, PoolTest):
             h.pwrite(data, 0)
             h.flush()
             os.truncate(a, 0)  # behind the running server's back
+            deadline = time.time() + 30
+            while "its labels are gone" not in w.logs():
+                self.assertLess(time.time(), deadline, "the running server never noticed")
+                time.sleep(0.2)
+            self.assertIn("member FAULTED", w.logs())
+            self.assertEqual(h.pread(MIB, 0), data)
             h.shutdown()
         with self.serve() as w:
             h = self.connect(w)

@@ -55,6 +55,7 @@ impl PoolService {
         };
         for pool in service.pools.iter().filter(|_| resume_background) {
             pool.start_resilvers();
+            pool.watch_labels();
             match scrub::load(pool.name(), data_dir) {
                 Ok(Some(c))
                     if c.state == ScrubState::Running

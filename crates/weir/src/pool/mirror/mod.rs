@@ -14,6 +14,7 @@
 //!     health.rs:   per-member state and error counters; a write error faults
 //!                  the member (labels of the others move to a new generation)
 //!     repair.rs:   scrub one chunk; replace a member and resilver onto it
+//!     labels.rs:   members' labels re-read while serving
 //!     status.rs:   `pool status` and /metrics, live
 //! ```
 //!
@@ -23,6 +24,7 @@
 
 mod health;
 mod io_ops;
+mod labels;
 mod metadata;
 mod read;
 mod repair;

@@ -59,3 +59,23 @@ fn a_member_whose_labels_are_destroyed_is_unavailable_and_the_pool_serves() {
     assert_eq!(read(&pool, 0, data.len()).unwrap(), data);
     pool.write(0, &pattern(4, 4096), true).unwrap();
 }
+
+#[test]
+fn labels_damaged_under_a_serving_pool_are_rewritten_or_fault_their_member() {
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    let end = fixture.disks[0].info().size_bytes - 4096;
+    // One copy on member 0: rewritten from the pool's record.
+    fixture.disks[0].flip_bit(100, 1);
+    pool.check_labels();
+    assert_eq!(pool.groups[0].slots[0].health(), Health::Online);
+    let reread = crate::pool::members::read_labels(fixture.disks[0].as_ref());
+    assert!(reread.iter().all(Result::is_ok), "both copies valid again");
+    // Both copies on member 1: it is faulted, and the pool serves.
+    fixture.disks[1].flip_bit(100, 1);
+    fixture.disks[1].flip_bit(end + 100, 1);
+    pool.check_labels();
+    assert_eq!(pool.groups[0].slots[1].health(), Health::Faulted);
+    pool.write(0, &pattern(5, 4096), true).unwrap();
+    assert_eq!(read(&pool, 0, 4096).unwrap(), pattern(5, 4096));
+}
