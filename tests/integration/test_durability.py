@@ -129,7 +129,10 @@ class Durability(RawClient, PoolTest):
     def test_a_full_file_system_is_enospc_to_the_client_and_never_a_fault(self):
         full = tempfile.mkdtemp(prefix="weir-full-")
         self.addCleanup(os.rmdir, full)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160M", "tmpfs", full], check=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160M", "tmpfs", full],
+                                 capture_output=True, text=True)
+        if mounted.returncode != 0:
+            self.skipTest(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
         self.addCleanup(subprocess.run, ["umount", "-l", full])
         a, b = os.path.join(full, "a.img"), os.path.join(full, "b.img")
         for path in (a, b):
