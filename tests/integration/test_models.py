@@ -158,11 +158,12 @@ class Bench(unittest.TestCase):
             self.assertEqual(first, again)
 
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
-        """Issue 5's scenario in the simulator, every mode in one invocation,
-        labelled, with all fourteen of its checks. 60 simulated seconds
-        (about 30 s of CPU): shorter runs miss bar 3's scrub (0.82x zfs's in
-        10 s, 0.92x in 20 s, 0.962-0.991x in 60 s on seeds 1-10; 0.95
-        needed) and bar 4's; docs/scheduler.md has their figures."""
+        """The scheduler scenario in the simulator, every mode in one
+        invocation, labelled, with all fourteen of its checks. 60 simulated
+        seconds (about 30 s of CPU): shorter runs miss the scrub checks of
+        cases 3 and 4 (case 3's scrub is 0.82x zfs's in 10 s, 0.92x in 20 s,
+        0.962-0.991x in 60 s on seeds 1-10; 0.95 needed);
+        docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:
             result = run(WEIR, "bench", "scheduler", "--sim", "--seconds", "60", "--seed", "1",
                          "--out", out, check=False, timeout=600)
@@ -173,7 +174,7 @@ class Bench(unittest.TestCase):
                 if len(cells) == 4 and cells[0][:2] in {f"{n}." for n in range(1, 8)}:
                     rows[cells[0]] = cells[3]
             self.assertEqual(len(rows), 14, result.stdout[-3000:])
-            missed = [bar for bar, ok in rows.items() if ok != "yes"]
+            missed = [check for check, ok in rows.items() if ok != "yes"]
             self.assertEqual(missed, [], result.stdout[-3000:])
             self.assertEqual(result.returncode, 0, result.stderr[-2000:])
             with open(os.path.join(out, "scheduler-sim.json")) as f:

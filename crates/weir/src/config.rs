@@ -92,7 +92,7 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export a file or device: NAME=SPEC[,readonly] (repeatable). SPEC is PATH, file:PATH or mem:SIZE.
+    /// Export a file or device: NAME=SPEC[,readonly] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
     #[arg(short, long, value_name = "NAME=SPEC[,readonly]")]
     pub export: Vec<String>,
     /// Where the embedded default volume lives [default: ./weir-data].

@@ -19,13 +19,13 @@ pub enum BenchCommand {
     Run(RunArgs),
     /// Each device model alone, measured against its expected figures.
     Calibrate(ScenarioArgs),
-    /// Seed 000: a sequential scrub starves 4 KiB random reads on an HDD.
+    /// A sequential scrub starves 4 KiB random reads on an HDD.
     ScrubVsRandread(ScenarioArgs),
-    /// Seed 001: bursts of large writes stall reads on a SATA SSD.
+    /// Bursts of large writes stall reads on a SATA SSD.
     WritebackVsRandread(ScenarioArgs),
-    /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors: --sim, --real (pools it serves) or --uri.
+    /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors: --sim, or --real (pools it serves).
     Scheduler(ScenarioArgs),
-    /// Issue 6: every mirror read policy on NVMe + SSD, equal NVMe, HDD and a copy that slows down (sim).
+    /// Every mirror read policy on NVMe + SSD, equal NVMe, HDD and a copy that slows down (sim).
     MirrorReads(ScenarioArgs),
     /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
     QueueOverhead(OverheadArgs),
@@ -51,7 +51,7 @@ pub struct OverheadArgs {
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Virtual time on a device model (needs --device).
+    /// Virtual time on a device model (--device) or a pool of them (--pool).
     #[arg(long, conflicts_with = "uri")]
     sim: bool,
     /// The device for --sim: model:KIND,size=SIZE[,param=value...].

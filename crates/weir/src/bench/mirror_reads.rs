@@ -1,5 +1,5 @@
-//! `weir bench mirror-reads` (issue 6, seed 003): every read policy on the
-//! mirrors of the bar, one table.
+//! `weir bench mirror-reads`: every read policy on the mirrors below, in
+//! one table (btrfs's read policies are the baselines).
 //!
 //! ```text
 //!  1. NVMe + SSD: 1 MiB sequential QD8 and 4 KiB random QD32, from one
@@ -8,7 +8,7 @@
 //!  3. NVMe + NVMe, one copy 10x slower from 5 s to 15 s: share over time
 //! ```
 //!
-//! Bar 4 (a copy with bad checksums) needs data, which the simulator does
+//! A copy with bad checksums needs data, which the simulator does
 //! not carry; `pool::mirror` tests it on a real pool.
 
 use std::fmt::Write as _;
@@ -131,7 +131,7 @@ pub fn mirror_reads(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyho
     })
 }
 
-/// Bar 1: NVMe + SSD.
+/// Case 1: NVMe + SSD.
 fn fast_and_slow(
     runner: &mut Runner,
     checks: &mut Vec<Check>,
@@ -282,7 +282,7 @@ fn fast_and_slow(
     Ok(())
 }
 
-/// Bar 2: equal NVMe copies, and two sequential readers on HDD copies.
+/// Case 2: equal NVMe copies, and two sequential readers on HDD copies.
 fn equal_devices(
     runner: &mut Runner,
     checks: &mut Vec<Check>,
@@ -397,7 +397,7 @@ fn equal_devices(
     Ok(())
 }
 
-/// Bar 3: copy 1 turns 10x slower for 10 s. Returns the plot of copy 1's
+/// Case 3: copy 1 turns 10x slower for 10 s. Returns the plot of copy 1's
 /// share of reads over time under each policy.
 fn slow_copy(
     runner: &mut Runner,

@@ -1,4 +1,4 @@
-//! A PNG of a report's latency histograms: one panel per run, one bar per
+//! A PNG of a report's latency histograms: one panel per run, one column per
 //! stream and log2 bucket, counts on a log scale so that a handful of
 //! multi-second stalls stays visible beside thousands of fast requests.
 
@@ -86,7 +86,7 @@ pub fn render(report: &Report) -> Canvas {
             canvas.text(8, y - 3, &format!("1e{decade}"), 1, BLACK);
         }
         let streams = run.streams.len().max(1) as i64;
-        let bar = ((slot - 4) / streams).max(1);
+        let column = ((slot - 4) / streams).max(1);
         for (s, stream) in run.streams.iter().enumerate() {
             let colour = COLOURS[s % COLOURS.len()];
             for (i, count) in stream.histogram_log2_us.iter().enumerate() {
@@ -95,8 +95,8 @@ pub fn render(report: &Report) -> Canvas {
                 }
                 let h =
                     ((*count as f64 + 1.0).log10() / decades * plot_height as f64).max(1.0) as i64;
-                let x = MARGIN_LEFT + (i - first) as i64 * slot + 2 + s as i64 * bar;
-                canvas.fill(x, bottom - h, bar, h, colour);
+                let x = MARGIN_LEFT + (i - first) as i64 * slot + 2 + s as i64 * column;
+                canvas.fill(x, bottom - h, column, h, colour);
             }
             let legend = format!(
                 "{} (p99 {:.1} ms)",

@@ -317,7 +317,7 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     })
 }
 
-/// Seed 000: a sequential scan starves a random reader on an HDD.
+/// A sequential scan starves a random reader on an HDD.
 pub fn scrub_vs_randread(
     targets: &mut dyn Targets,
     seconds: f64,
@@ -378,7 +378,7 @@ fn mirror(targets: &mut dyn Targets, device: &str, mode: Mode) -> anyhow::Result
 
 /// The device queue's modes on mirrors of two devices: fifo, zfs and
 /// adaptive with a scrub beside random readers, and idle references,
-/// checked against issue 5's bar. In real time each mirror is a served
+/// checked against the scenario's fourteen checks. In real time each mirror is a served
 /// pool, and the scrub is the pool's own.
 pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
     let scrub = scrub_job(2);
@@ -531,7 +531,7 @@ pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     })
 }
 
-/// Seed 001: a burst of large writes stalls reads on a SATA SSD.
+/// A burst of large writes stalls reads on a SATA SSD.
 pub fn writeback_vs_randread(
     targets: &mut dyn Targets,
     seconds: f64,

@@ -15,7 +15,7 @@
 //!            destaged when the drive is idle, when it is full, or on flush
 //! ```
 //!
-//! Rule 2 is what real firmware does and what seed 000 measured: a
+//! Rule 2 is what real firmware does, as measured on real drives: a
 //! sequential reader keeps hitting the stream, so a queued random read
 //! waits until it ages past the limit (1-4 s on real drives).
 //!
