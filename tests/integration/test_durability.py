@@ -18,7 +18,7 @@ import nbd
 
 from test_pool import MIB, PoolTest
 from test_protocol import RawClient
-from weirtest import Weir, raw_connection
+from weirtest import WEIR, Weir, raw_connection, run
 
 
 class Durability(RawClient, PoolTest):
@@ -100,6 +100,14 @@ class Durability(RawClient, PoolTest):
             h = self.connect(w)
             self.assertEqual(h.pread(MIB, 0), b"\x22" * MIB)
             h.shutdown()
+
+    def test_a_pool_whose_devices_were_all_taken_by_another_pool_is_refused(self):
+        a, b = self.make_pool()
+        other = os.path.join(self.dir, "other")
+        run(WEIR, "pool", "create", "other", "mirror", a, b, "--force", "--data-dir", other)
+        status = self.weir("status", "tank", check=False)
+        self.assertNotEqual(status.returncode, 0)
+        self.assertIn('its devices now belong to pool "other"', status.stderr)
 
     def test_a_member_whose_label_is_destroyed_is_unavailable_and_the_server_still_starts(self):
         a, _ = self.make_pool()

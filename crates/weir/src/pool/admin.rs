@@ -554,6 +554,15 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
 fn import_entry(pool: &RegisteredPool, repair: bool) -> anyhow::Result<Imported> {
     let name = &pool.name;
     let mut imported = import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))?;
+    // The devices at its paths could all carry another pool's labels now.
+    let found_id = format!("{:032x}", imported.label.pool_id);
+    if found_id != pool.id {
+        bail!(
+            "pool {name:?}: its devices now belong to pool {:?} ({found_id}), not this one ({})",
+            imported.label.pool_name,
+            pool.id
+        );
+    }
     if let Some(seen) = pool
         .generation
         .filter(|seen| *seen > imported.label.generation)
