@@ -11,6 +11,7 @@
 //! possibly on another thread. It knows nothing of NBD, volumes or classes.
 
 pub mod buf;
+mod fd_ops;
 pub mod file;
 pub mod mem;
 pub mod model;

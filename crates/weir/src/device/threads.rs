@@ -4,7 +4,7 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use super::file::{execute_blocking, outcome};
+use super::fd_ops::{execute_blocking, outcome};
 use super::workers::Workers;
 use super::{Completion, DeviceOp};
 

@@ -8,8 +8,7 @@
 //! depends on the kind of device: every time is a multiple of a latency
 //! the device showed. See docs/scheduler.md.
 
-use super::queue::{ClassActivity, CLASSES};
-use super::IoClass;
+use super::{ClassActivity, IoClass, CLASSES};
 use crate::device::model::Nanos;
 
 /// Interactive latency may reach this multiple of its clean level before

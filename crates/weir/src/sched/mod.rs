@@ -14,6 +14,16 @@ mod tests;
 
 pub use queue::{Dispatch, IoQueue, Mode, QueuedIo};
 
+/// How many classes there are; per-class tables are arrays of this length.
+pub const CLASSES: usize = IoClass::ALL.len();
+
+/// Counters of one class, for iostat and /metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassActivity {
+    pub queued: usize,
+    pub active: u32,
+}
+
 /// Why an I/O is being done; it travels with the I/O to the device queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoClass {

@@ -14,10 +14,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use super::adaptive::Adaptive;
 use super::zfs::Zfs;
-use super::IoClass;
+use super::{ClassActivity, IoClass, CLASSES};
 use crate::device::model::{Nanos, NANOS_PER_SEC};
 
-pub const CLASSES: usize = IoClass::ALL.len();
 /// Nothing waits longer than this for its class to pick it (LBA classes).
 const AGE_BOUND_NS: Nanos = 2 * NANOS_PER_SEC;
 /// Merged I/Os stay within this span: rotating devices gain from large
@@ -115,13 +114,6 @@ impl ClassQueue {
         self.bytes -= waiting.io.length;
         waiting
     }
-}
-
-/// Counters of one class, for iostat and /metrics.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ClassActivity {
-    pub queued: usize,
-    pub active: u32,
 }
 
 struct InFlight {

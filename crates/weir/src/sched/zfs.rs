@@ -5,8 +5,7 @@
 //! resilver in while interactive I/O is active. Written from the behaviour
 //! described there; the peer weir's adaptive mode is measured against.
 
-use super::queue::{ClassActivity, CLASSES};
-use super::IoClass;
+use super::{ClassActivity, IoClass, CLASSES};
 
 /// zfs_vdev_max_active
 const MAX_ACTIVE: u32 = 1000;

@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types};
 
-use super::super::file::{fallocate_mode, forgive_unsupported_discard, outcome};
+use super::super::fd_ops::{fallocate_mode, forgive_unsupported_discard, outcome};
 use super::super::{Completion, DeviceOp, Outcome};
 
 struct Slot {
