@@ -19,14 +19,16 @@
 
 pub mod admin;
 pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod device;
-pub mod idle_spin;
 pub mod join;
 pub mod pool;
+pub mod rng;
 pub mod sched;
 pub mod server;
 pub mod sim;
-pub mod spin_trial;
+pub mod stats;
 pub mod units;
 pub mod volume;
+pub mod workload;

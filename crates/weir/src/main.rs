@@ -33,13 +33,13 @@ enum Command {
     Serve(ServeArgs),
     /// Pools of mirrored, checksummed devices: create, status, replace.
     #[command(subcommand)]
-    Pool(weir::pool::cli::PoolCommand),
+    Pool(weir::cli::pool::PoolCommand),
     /// Volumes in pools (so far offline: create, list, delete).
     #[command(subcommand)]
-    Volume(weir::pool::cli::VolumeCommand),
+    Volume(weir::cli::pool::VolumeCommand),
     /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
     #[command(subcommand)]
-    Scrub(weir::pool::cli::ScrubCommand),
+    Scrub(weir::cli::pool::ScrubCommand),
     /// The running server's device queues per pool member and class (-w: latency histograms).
     Iostat(weir::admin::iostat::IostatArgs),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
@@ -54,15 +54,15 @@ fn main() {
         Command::Bench(command) => weir::bench::cli::main(command),
         Command::Pool(command) => {
             init_logging("warn");
-            weir::pool::cli::main(command)
+            weir::cli::pool::main(command)
         }
         Command::Volume(command) => {
             init_logging("warn");
-            weir::pool::cli::volume_main(command)
+            weir::cli::pool::volume_main(command)
         }
         Command::Scrub(command) => {
             init_logging("warn");
-            weir::pool::cli::scrub_main(command)
+            weir::cli::pool::scrub_main(command)
         }
         Command::Iostat(args) => {
             init_logging("warn");

@@ -1,35 +1,13 @@
-//! Byte sizes as people write them: `4096`, `512K`, `2G`, `1GiB`.
+//! Byte sizes as people write them: `4096`, `512K`, `1.5G`, `2GiB`.
 
-/// Parse a size with an optional binary suffix (K, M, G, T; "iB"/"B" ok).
+/// Parse a size with an optional suffix. Suffixes are binary whether or not
+/// they say so (K = KiB = 1024), as in qemu-img, fio and nbdkit; fractions
+/// are allowed and must come to a whole number of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, suffix) = text.split_at(digits_end);
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}"))?;
-    let shift = match suffix
-        .trim()
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => {
-            return Err(format!(
-                "invalid size suffix in {text:?} (use K, M, G or T)"
-            ))
-        }
-    };
-    value
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(text.trim())
+        .map_err(|err| format!("invalid size {text:?}: {err} (use e.g. 4096, 512K, 1.5G)"))
 }
 
 #[cfg(test)]
@@ -43,8 +21,11 @@ mod tests {
         assert_eq!(parse_bytes("2G"), Ok(2 << 30));
         assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
         assert_eq!(parse_bytes("3mb"), Ok(3 << 20));
+        assert_eq!(parse_bytes("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_bytes(" 64 M "), Ok(64 << 20));
         assert!(parse_bytes("12Q").is_err());
         assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("-1G").is_err());
         assert!(parse_bytes("99999999999T").is_err());
     }
 }

@@ -13,8 +13,8 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::client::AdminClient;
-use crate::bench::plot::bucket_label;
 use crate::sched::{IoClass, LATENCY_BUCKETS};
+use crate::stats::bucket_label;
 
 #[derive(Args)]
 pub struct IostatArgs {

@@ -403,7 +403,7 @@ fn slow_copy(
     runner: &mut Runner,
     checks: &mut Vec<Check>,
     notes: &mut String,
-) -> anyhow::Result<super::png::Canvas> {
+) -> anyhow::Result<super::canvas::Canvas> {
     let slow = SlowCopy {
         copy: 1,
         factor: SLOW_FACTOR,

@@ -11,19 +11,16 @@
 //!                                  report: table, log2 histograms, JSON
 //! ```
 
+pub mod canvas;
 pub mod cli;
-mod deflate;
-pub mod job;
 pub mod mirror_reads;
 pub mod nbd_client;
 pub mod overhead;
 pub mod plot;
-pub mod png;
 pub mod real;
 pub mod report;
 pub mod scenarios;
 pub mod served;
-pub mod stats;
 
 use std::path::{Path, PathBuf};
 
@@ -33,7 +30,7 @@ use crate::device::model::{ModelSpec, NANOS_PER_MS, NANOS_PER_SEC};
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 use crate::sim::{Simulation, StreamResult, READ_TIMELINE_BUCKET_NS};
-use job::JobSpec;
+use crate::workload::JobSpec;
 use report::{ReadTimeline, Report, Run, RunConfig, Stream};
 
 /// Where a workload runs.

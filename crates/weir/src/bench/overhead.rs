@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use crate::rng::Rng;
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
-use crate::sim::rng::Rng;
 
 /// Interactive I/Os kept queued or active; every fourth I/O is a scrub read.
 const DEPTH: usize = 32;

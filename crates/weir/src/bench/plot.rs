@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use super::png::Canvas;
+use super::canvas::Canvas;
 use super::report::Report;
+use crate::stats::bucket_label;
 
 const WIDTH: usize = 1200;
 const PANEL_HEIGHT: i64 = 260;
@@ -22,18 +23,6 @@ const COLOURS: [[u8; 3]; 6] = [
     [148, 103, 189],
     [140, 86, 75],
 ];
-
-/// Bucket i's lower bound, 2^i us, as people write it.
-pub(crate) fn bucket_label(i: usize) -> String {
-    let us = 1u64 << i;
-    if us >= 1_000_000 {
-        format!("{}s", us / 1_000_000)
-    } else if us >= 1000 {
-        format!("{}ms", us / 1000)
-    } else {
-        format!("{us}us")
-    }
-}
 
 pub fn render(report: &Report) -> Canvas {
     let buckets: Vec<&Vec<u64>> = report

@@ -11,11 +11,11 @@ use anyhow::Context;
 use parking_lot::{Condvar, Mutex};
 use weir_nbd::consts::{CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE};
 
-use super::job::{Generator, JobSpec};
 use super::nbd_client::{self, request_header, Socket};
-use super::stats::LatencyStats;
 use crate::device::model::{IoKind, Nanos};
 use crate::sim::StreamResult;
+use crate::stats::LatencyStats;
+use crate::workload::{Generator, JobSpec};
 
 /// How long to wait for replies still in flight when a job stops.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);

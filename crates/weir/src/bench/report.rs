@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::{LatencyStats, LatencySummary};
 use crate::sim::StreamResult;
+use crate::stats::{LatencyStats, LatencySummary};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {

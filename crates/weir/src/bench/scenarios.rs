@@ -6,12 +6,12 @@ use std::fmt::Write as _;
 
 use anyhow::Context;
 
-use super::job::JobSpec;
 use super::report::{Report, Run, Stream};
 use super::{run_jobs, Target};
 use crate::device::model::ModelSpec;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
+use crate::workload::JobSpec;
 
 /// Devices the scenarios use. 64 GiB keeps a memory store's page table
 /// small in real time; the models' timing depends on fractions of the size.
@@ -199,7 +199,7 @@ pub struct Outcome {
     pub notes: String,
     /// Plots beyond the latency histograms: (name, picture), written
     /// beside the JSON as SCENARIO-MODE-NAME.png.
-    pub plots: Vec<(String, super::png::Canvas)>,
+    pub plots: Vec<(String, super::canvas::Canvas)>,
 }
 
 fn report(scenario: &str, targets_mode: &str, seconds: f64, seed: u64, runs: Vec<Run>) -> Report {

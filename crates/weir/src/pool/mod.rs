@@ -3,7 +3,6 @@
 //! the same `Store` trait later, so the volume and server do not change.
 
 pub mod admin;
-pub mod cli;
 pub mod geometry;
 pub mod integrity;
 pub mod label;

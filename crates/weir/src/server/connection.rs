@@ -24,11 +24,11 @@ use weir_nbd::{Command, Errno, Handshake, Negotiated, Progress, RequestHeader, S
 
 use super::budget::Budget;
 use super::exports::Exports;
+use super::idle_spin::IdleSpin;
 use super::outbox::{Body, Outbox, Reply};
+use super::spin_trial::SpinTrial;
 use super::stream::Stream;
 use crate::device::{AlignedBuf, ThreadRing};
-use crate::idle_spin::IdleSpin;
-use crate::spin_trial::SpinTrial;
 use crate::volume::{Done, Volume};
 
 /// A client that stalls mid-handshake longer than this is dropped.

@@ -11,7 +11,9 @@
 mod budget;
 mod connection;
 pub mod exports;
+mod idle_spin;
 mod outbox;
+mod spin_trial;
 mod stream;
 
 use std::collections::HashMap;

@@ -13,17 +13,15 @@
 //!   TimingModel ── next_event() ──> the loop jumps `now` there ── advance(now)
 //! ```
 
-pub mod rng;
-
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::bench::job::{Generator, JobSpec};
-use crate::bench::stats::LatencyStats;
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
 use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadRequest};
 use crate::pool::scrub::COPY_LEAD_MAX_CHUNKS;
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
+use crate::stats::LatencyStats;
+use crate::workload::{Generator, JobSpec};
 
 /// The width of one step of each device's share of reads over time.
 pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;

@@ -118,7 +118,7 @@ impl FaultPlan {
     }
 
     fn flip_mask(&self, at: u64) -> u8 {
-        let bit = crate::sim::rng::mix(self.seed ^ at) % 8;
+        let bit = crate::rng::mix(self.seed ^ at) % 8;
         1 << bit
     }
 }

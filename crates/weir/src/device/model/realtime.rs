@@ -25,12 +25,12 @@ use super::faults::FaultPlan;
 use super::power_loss::UnflushedLog;
 use super::spec::{ModelSpec, ModelStore};
 use super::{IoKind, ModelIo, Nanos, TimingModel};
-use crate::bench::stats::LatencyStats;
 use crate::device::file::FileDevice;
 use crate::device::mem::MemDevice;
 use crate::device::{
     run_sync, AlignedBuf, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome,
 };
+use crate::stats::LatencyStats;
 
 const LATENESS_REPORT_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the control file is read for fault commands.

@@ -20,8 +20,8 @@ use crate::pool::admin::import_devices;
 use crate::pool::geometry::DeviceRegions;
 use crate::pool::label::{Label, Layout};
 use crate::pool::members::write_labels;
+use crate::rng::Rng;
 use crate::sched::IoClass;
-use crate::sim::rng::Rng;
 use std::sync::atomic::Ordering;
 
 const DISK_BYTES: u64 = 8 << 20;

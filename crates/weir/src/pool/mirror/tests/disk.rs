@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::device::{Completion, Device, DeviceInfo, DeviceOp, Extent, Outcome};
-use crate::sim::rng::Rng;
+use crate::rng::Rng;
 
 const PAGE: usize = 4096;
 pub const SECTOR: usize = 512;

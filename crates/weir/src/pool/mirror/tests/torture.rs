@@ -40,8 +40,8 @@ use crate::device::Device;
 use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
 use crate::pool::integrity::BlockSum;
 use crate::pool::mirror::{Health, PoolData, BLOCKS_PER_CHUNK, DATA_BLOCK_BYTES};
+use crate::rng::Rng;
 use crate::sched::IoClass;
-use crate::sim::rng::Rng;
 
 const BLOCK: usize = DATA_BLOCK_BYTES as usize;
 /// The logical range the workload touches: three chunks, so regions are

@@ -5,37 +5,33 @@
 //! endpoint. The pools' member files go in memory (`/dev/shm`) when it has
 //! room, or where `--pool-dir` says (`PoolRoot`).
 
-use std::io::Write;
+mod fill;
+mod probes;
+mod process;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use weir_nbd::consts::CMD_WRITE;
 
-use super::nbd_client::{self, read_reply, request_header};
-use super::report::{ReadTimeline, Run};
+use super::report::Run;
 use super::scenarios::{SlowCopy, Targets};
 use super::Target;
 use crate::admin::client::AdminClient;
-use crate::device::model::NANOS_PER_MS;
 use crate::pool::geometry::CHUNK_BYTES;
 use crate::pool::mirror::select::ReadPolicy;
-use crate::pool::scrub::{Checkpoint, ScrubState};
 use crate::sched::Mode;
 use crate::sim::StreamResult;
-use crate::sim::READ_TIMELINE_BUCKET_NS;
+use fill::fill;
+pub use probes::pool_reads;
+use probes::{ScrubMeter, ShareSampler};
+use process::{stop, wait_for_server, weir, weir_cli};
 
 /// The volume a served mirror exports, filled before the first run so the
 /// scrub has data to read (it skips chunks never written).
 const VOLUME_BYTES: u64 = 2 << 30;
-const FILL_BLOCK_BYTES: u32 = 1 << 20;
-const FILL_IN_FLIGHT: u64 = 8;
-/// How often the scrub's progress is read while a run goes on.
-const SCRUB_POLL: Duration = Duration::from_millis(200);
 
 struct Server {
     key: String,
@@ -49,9 +45,9 @@ struct Server {
 /// `weir serve` started per device (or mirror), torn down on drop.
 pub struct ServedTargets {
     /// Sockets.
-    dir: tempdir::Dir,
+    dir: process::Dir,
     /// The pools' data directories, member files included.
-    pools: tempdir::Dir,
+    pools: process::Dir,
     servers: Vec<Server>,
     /// Servers started so far: names their sockets and pool directories.
     started: usize,
@@ -146,116 +142,6 @@ fn available_bytes(path: &Path) -> Option<u64> {
     Some(stats.f_bavail as u64 * stats.f_frsize as u64)
 }
 
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        /// `parent/weir-bench-PID-WHAT`, removed with all it holds on drop.
-        pub fn new_in(parent: &Path, what: &str) -> std::io::Result<Dir> {
-            let path = parent.join(format!("weir-bench-{}-{what}", std::process::id()));
-            std::fs::create_dir_all(&path)?;
-            Ok(Dir(path))
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    /// Removes what benches that were killed left in `parent`: their
-    /// `weir-bench-PID-*` directories, where no process PID runs any more.
-    /// In memory those files would otherwise hold their room until reboot.
-    pub fn remove_stale(parent: &Path) {
-        let Ok(entries) = std::fs::read_dir(parent) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("weir-bench-"))
-                .and_then(|rest| rest.split_once('-'))
-                .and_then(|(pid, _)| pid.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn weir() -> anyhow::Result<PathBuf> {
-    std::env::current_exe().context("cannot find the weir binary")
-}
-
-/// Run `weir ARGS` to completion; its stderr is the error.
-fn weir_cli(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(weir()?)
-        .args(args)
-        .output()
-        .context("cannot run weir")?;
-    if !out.status.success() {
-        bail!(
-            "weir {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-fn wait_for_server(uri: &str, socket: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    // A full handshake, so the server sees a client, not a probe.
-    while nbd_client::connect(uri).is_err() {
-        if Instant::now() > deadline {
-            bail!("weir serve did not come up on {}", socket.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-/// Write every byte of the export once, with data the scrub must check.
-fn fill(uri: &str) -> anyhow::Result<()> {
-    let mut connection = nbd_client::connect(uri)?;
-    let size = connection.size_bytes;
-    let block = u64::from(FILL_BLOCK_BYTES);
-    let blocks = size / block;
-    let data: Vec<u8> = (0..FILL_BLOCK_BYTES).map(|i| (i % 251) as u8 | 1).collect();
-    let socket = &mut connection.socket;
-    let mut sent = 0u64;
-    let mut done = 0u64;
-    while done < blocks {
-        while sent < blocks && sent - done < FILL_IN_FLIGHT {
-            socket.write_all(&request_header(
-                CMD_WRITE,
-                sent,
-                sent * block,
-                FILL_BLOCK_BYTES,
-            ))?;
-            socket.write_all(&data)?;
-            sent += 1;
-        }
-        let (error, handle) = read_reply(socket)?;
-        if error != 0 {
-            bail!("filling the volume: write {handle} failed with NBD error {error}");
-        }
-        done += 1;
-    }
-    Ok(())
-}
-
 impl ServedTargets {
     pub fn new(root: &PoolRoot) -> anyhow::Result<ServedTargets> {
         eprintln!(
@@ -263,12 +149,12 @@ impl ServedTargets {
             root.path.display(),
             root.why
         );
-        tempdir::remove_stale(&root.path);
-        tempdir::remove_stale(&std::env::temp_dir());
+        process::remove_stale(&root.path);
+        process::remove_stale(&std::env::temp_dir());
         Ok(ServedTargets {
-            dir: tempdir::Dir::new_in(&std::env::temp_dir(), "sockets")
+            dir: process::Dir::new_in(&std::env::temp_dir(), "sockets")
                 .context("cannot create a socket directory")?,
-            pools: tempdir::Dir::new_in(&root.path, "pools").with_context(|| {
+            pools: process::Dir::new_in(&root.path, "pools").with_context(|| {
                 format!("cannot create a pool directory in {}", root.path.display())
             })?,
             servers: Vec::new(),
@@ -433,16 +319,6 @@ impl ServedTargets {
     }
 }
 
-/// Asks a server to stop (SIGTERM: it finishes its requests and closes
-/// its pool) and waits for it.
-fn stop(child: &mut Child) {
-    // SAFETY: signalling our own child process.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let _ = child.wait();
-}
-
 /// The fault control file of member `copy` of a served pool.
 fn control_file(data_dir: &Path, copy: usize) -> PathBuf {
     data_dir.join(format!("{copy}.faults"))
@@ -496,7 +372,7 @@ impl Targets for ServedTargets {
         label: &str,
         devices: &[&str],
         policy: ReadPolicy,
-        jobs: &[super::job::JobSpec],
+        jobs: &[crate::workload::JobSpec],
         slow: SlowCopy,
         seed: u64,
     ) -> anyhow::Result<Run> {
@@ -549,128 +425,7 @@ impl Drop for ServedTargets {
     }
 }
 
-/// Each member's share of the pool's client reads, step by step: the
-/// member read counters on `/metrics`, read every `READ_TIMELINE_BUCKET_NS`.
-struct ShareSampler {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<ReadTimeline>>,
-}
-
-/// `weir_member_reads_total` of each member of the pool's first group, in
-/// member order.
-fn member_reads(metrics: &str) -> Vec<u64> {
-    let prefix = "weir_member_reads_total{pool=\"bench\",group=\"0\",member=\"";
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect()
-}
-
-/// Each member's client reads so far, from the server's `/metrics`.
-pub fn pool_reads(data_dir: &Path) -> anyhow::Result<Vec<u64>> {
-    let client = AdminClient::for_data_dir(data_dir)?;
-    Ok(member_reads(&client.call("GET", "/metrics", &[])?))
-}
-
-impl ShareSampler {
-    fn start(data_dir: &Path) -> anyhow::Result<ShareSampler> {
-        let client = AdminClient::for_data_dir(data_dir)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let step = Duration::from_nanos(READ_TIMELINE_BUCKET_NS);
-        let thread = std::thread::spawn(move || -> anyhow::Result<ReadTimeline> {
-            let mut last = member_reads(&client.call("GET", "/metrics", &[])?);
-            let mut shares = Vec::new();
-            let mut next = Instant::now() + step;
-            while !flag.load(Ordering::Relaxed) {
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                next += step;
-                let now = member_reads(&client.call("GET", "/metrics", &[])?);
-                let delta: Vec<u64> = now.iter().zip(&last).map(|(n, l)| n - l).collect();
-                let total: u64 = delta.iter().sum();
-                shares.push(
-                    delta
-                        .iter()
-                        .map(|d| *d as f64 / total.max(1) as f64)
-                        .collect(),
-                );
-                last = now;
-            }
-            Ok(ReadTimeline {
-                step_ms: READ_TIMELINE_BUCKET_NS / NANOS_PER_MS,
-                shares,
-            })
-        });
-        Ok(ShareSampler { stop, thread })
-    }
-
-    fn finish(self) -> anyhow::Result<ReadTimeline> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the share sampler panicked"))?
-    }
-}
-
-/// The pool's scrub, kept running for a run (started again whenever it
-/// finishes) and measured by the bytes its progress reports.
-pub struct ScrubMeter {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<u64>>,
-}
-
-fn scrub_call(
-    client: &AdminClient,
-    pool: &str,
-    path: &str,
-    method: &str,
-) -> anyhow::Result<Checkpoint> {
-    let body = client.call(method, path, &[("pool", pool)])?;
-    let checkpoint: Option<Checkpoint> =
-        serde_json::from_str(&body).context("malformed scrub progress from the server")?;
-    checkpoint.context("the server reports no scrub")
-}
-
-impl ScrubMeter {
-    /// Start the scrub of `pool`; count from now.
-    pub fn start(data_dir: &Path, pool: &str) -> anyhow::Result<ScrubMeter> {
-        let client = AdminClient::for_data_dir(data_dir)?;
-        let mut last = scrub_call(&client, pool, "/v1/scrub/start", "POST")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let pool = pool.to_string();
-        let thread = std::thread::spawn(move || -> anyhow::Result<u64> {
-            let mut bytes = 0u64;
-            let mut base = last.bytes_read;
-            loop {
-                let stopping = flag.load(Ordering::Relaxed);
-                let now = scrub_call(&client, &pool, "/v1/scrub", "GET")?;
-                bytes += now.bytes_read.saturating_sub(base);
-                base = now.bytes_read;
-                if stopping {
-                    scrub_call(&client, &pool, "/v1/scrub/stop", "POST").ok();
-                    return Ok(bytes);
-                }
-                if now.state == ScrubState::Finished {
-                    last = scrub_call(&client, &pool, "/v1/scrub/start", "POST")?;
-                    base = last.bytes_read;
-                }
-                std::thread::sleep(SCRUB_POLL);
-            }
-        });
-        Ok(ScrubMeter { stop, thread })
-    }
-
-    /// Stop the scrub: the bytes it read (every copy) since the start.
-    pub fn finish(self) -> anyhow::Result<u64> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the scrub meter panicked"))?
-    }
-}
-
+/// reported by the bytes it read (its latency is not seen from here).
 /// Run `jobs` against a served pool in `mode`. A job named `scrub` is the
 /// pool's own scrub rather than NBD reads: it runs for the whole run and is
 /// reported by the bytes it read (its latency is not seen from here).
@@ -679,7 +434,7 @@ pub fn run_pool(
     data_dir: &Path,
     pool: &str,
     mode: Mode,
-    jobs: &[super::job::JobSpec],
+    jobs: &[crate::workload::JobSpec],
     duration: u64,
     seed: u64,
 ) -> anyhow::Result<Vec<StreamResult>> {

@@ -10,11 +10,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::mirror::select::ReadPolicy;
-use super::scrub::{self, Checkpoint, ScrubState};
-use super::service::{PoolService, ScrubAction};
-use super::{admin, volumes};
 use crate::admin::client::AdminClient;
+use crate::pool::mirror::select::ReadPolicy;
+use crate::pool::scrub::{self, Checkpoint, ScrubState};
+use crate::pool::service::{PoolService, ScrubAction};
+use crate::pool::{admin, volumes};
 
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -180,7 +180,7 @@ fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyho
 /// Open one registered pool in this process (no server holds the directory).
 fn open_local(pool: &str, data_dir: &Path, resume_background: bool) -> anyhow::Result<PoolService> {
     let imported = admin::import_registered(pool, data_dir, true)?;
-    let data = super::mirror::PoolData::open(&imported)
+    let data = crate::pool::mirror::PoolData::open(&imported)
         .with_context(|| format!("cannot open pool {pool:?}"))?;
     data.record_generations_in(data_dir);
     Ok(PoolService::new(data_dir, vec![data], resume_background))

@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use crate::device::model::{IoKind, Nanos, NANOS_PER_SEC};
+use crate::rng::Rng;
 use crate::sched::IoClass;
-use crate::sim::rng::Rng;
 use crate::units::parse_bytes;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -180,9 +180,7 @@ impl Generator {
             ));
         }
         Ok(Generator {
-            rng: Rng::new(crate::sim::rng::mix(
-                seed ^ crate::sim::rng::mix(hash(&job.name)),
-            )),
+            rng: Rng::new(crate::rng::mix(seed ^ crate::rng::mix(hash(&job.name)))),
             job,
             first,
             blocks,
