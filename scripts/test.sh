@@ -25,6 +25,8 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== module layout: no import circles"
+/usr/bin/python3 scripts/import-graph.py
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
 echo "== unit tests"

@@ -94,12 +94,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let registry = config.data_dir.join("pools.toml");
     let legacy_default = config.data_dir.join("default.img");
     if config.exports.is_empty() && !registry.exists() && !legacy_default.exists() {
-        weir::pool::admin::create_demo(&config.data_dir)?;
+        weir::pool::create::create_demo(&config.data_dir)?;
     }
     // Pools live in the data directory only if it has a registry; the lock
     // keeps offline pool commands away while this server runs.
     let _data_dir_lock = if config.data_dir.join("pools.toml").exists() {
-        Some(weir::pool::admin::lock_data_dir(&config.data_dir)?)
+        Some(weir::pool::data_dir::lock_data_dir(&config.data_dir)?)
     } else {
         None
     };

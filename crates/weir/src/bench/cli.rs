@@ -61,10 +61,11 @@ pub struct RunArgs {
     #[arg(long, requires = "sim")]
     pool: Option<String>,
     /// For --sim: the device queues' mode [default: adaptive with --pool, fifo with --device].
-    #[arg(long, value_enum, requires = "sim")]
+    #[arg(long, requires = "sim", value_parser = crate::cli::one_of(&Mode::ALL, Mode::name))]
     sched: Option<Mode>,
     /// For --sim --pool: how the mirror picks the copy for a read, as a served pool does.
-    #[arg(long, value_enum, requires = "pool", default_value_t = ReadPolicy::default())]
+    #[arg(long, requires = "pool", default_value_t = ReadPolicy::default(),
+          value_parser = crate::cli::one_of(&ReadPolicy::ALL, ReadPolicy::name))]
     read_policy: ReadPolicy,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
@@ -155,7 +156,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 .split_whitespace()
                 .map(String::from)
                 .collect();
-            let groups = crate::pool::admin::parse_layout(&words)?;
+            let groups = crate::pool::layout::parse_layout(&words)?;
             let [group] = &groups[..] else {
                 bail!("--pool takes one mirror group: 'mirror model:... model:...'");
             };

@@ -14,7 +14,7 @@ use crate::admin::client::AdminClient;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::scrub::{self, Checkpoint, ScrubState};
 use crate::pool::service::{PoolService, ScrubAction};
-use crate::pool::{admin, volumes};
+use crate::pool::volumes;
 
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -88,13 +88,16 @@ pub struct StatusArgs {
 pub fn main(command: PoolCommand) -> anyhow::Result<()> {
     match command {
         PoolCommand::Create(args) => {
-            admin::create(&args.name, &args.layout, args.force, &args.data_dir)?;
-            print!("{}", admin::status(Some(&args.name), &args.data_dir)?);
+            crate::pool::create::create(&args.name, &args.layout, args.force, &args.data_dir)?;
+            print!(
+                "{}",
+                crate::pool::status::status(Some(&args.name), &args.data_dir)?
+            );
             Ok(())
         }
         PoolCommand::Status(args) => {
-            // admin::status takes the lock itself (to repair labels).
-            let server_up = admin::try_lock_data_dir(&args.data_dir)?.is_none();
+            // crate::pool::status::status takes the lock itself (to repair labels).
+            let server_up = crate::pool::data_dir::try_lock_data_dir(&args.data_dir)?.is_none();
             if server_up {
                 let client = AdminClient::for_data_dir(&args.data_dir)?;
                 let mut query: Vec<(&str, &str)> =
@@ -104,7 +107,10 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
                 }
                 print!("{}", client.call("GET", "/v1/status", &query)?);
             } else {
-                print!("{}", admin::status(args.name.as_deref(), &args.data_dir)?);
+                print!(
+                    "{}",
+                    crate::pool::status::status(args.name.as_deref(), &args.data_dir)?
+                );
             }
             Ok(())
         }
@@ -112,15 +118,18 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Sched(args) => sched(&args),
         PoolCommand::ReadPolicy(args) => read_policy(&args),
         PoolCommand::Import(args) => {
-            let name = admin::import_new(&args.devices, &args.data_dir)?;
-            print!("{}", admin::status(Some(&name), &args.data_dir)?);
+            let name = crate::pool::import::import_new(&args.devices, &args.data_dir)?;
+            print!(
+                "{}",
+                crate::pool::status::status(Some(&name), &args.data_dir)?
+            );
             Ok(())
         }
     }
 }
 
 fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
-    let Some(lock) = admin::try_lock_data_dir(&args.data_dir)? else {
+    let Some(lock) = crate::pool::data_dir::try_lock_data_dir(&args.data_dir)? else {
         let client = AdminClient::for_data_dir(&args.data_dir)?;
         let mut query = vec![
             ("pool", args.pool.as_str()),
@@ -151,7 +160,10 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
     service.close();
     drop(service);
     drop(lock);
-    print!("{}", admin::status(Some(&args.pool), &args.data_dir)?);
+    print!(
+        "{}",
+        crate::pool::status::status(Some(&args.pool), &args.data_dir)?
+    );
     Ok(())
 }
 
@@ -179,7 +191,7 @@ fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyho
 
 /// Open one registered pool in this process (no server holds the directory).
 fn open_local(pool: &str, data_dir: &Path, resume_background: bool) -> anyhow::Result<PoolService> {
-    let imported = admin::import_registered(pool, data_dir, true)?;
+    let imported = crate::pool::import::import_registered(pool, data_dir, true)?;
     let data = crate::pool::mirror::PoolData::open(&imported)
         .with_context(|| format!("cannot open pool {pool:?}"))?;
     data.record_generations_in(data_dir);
@@ -275,7 +287,7 @@ pub fn scrub_main(command: ScrubCommand) -> anyhow::Result<()> {
         ScrubCommand::Status(args) => (None, args),
     };
     let pool = args.pool.as_str();
-    let last = match admin::try_lock_data_dir(&args.data_dir)? {
+    let last = match crate::pool::data_dir::try_lock_data_dir(&args.data_dir)? {
         None => {
             let client = AdminClient::for_data_dir(&args.data_dir)?;
             let ask = |path: &str, method: &str| -> anyhow::Result<Option<Checkpoint>> {
@@ -293,7 +305,7 @@ pub fn scrub_main(command: ScrubCommand) -> anyhow::Result<()> {
         }
         Some(_lock) => match action {
             None => {
-                if !admin::registered_pools(&args.data_dir)?
+                if !crate::pool::registry::registered_pools(&args.data_dir)?
                     .iter()
                     .any(|p| p == pool)
                 {
@@ -401,7 +413,13 @@ pub fn sched(args: &SchedArgs) -> anyhow::Result<()> {
         &args.data_dir,
         mode.map(|m| m.name()),
         |imported| imported.sched.name(),
-        || admin::set_pool_sched(&args.data_dir, &args.pool, mode.expect("a mode to set")),
+        || {
+            crate::pool::registry::set_pool_sched(
+                &args.data_dir,
+                &args.pool,
+                mode.expect("a mode to set"),
+            )
+        },
     )
 }
 
@@ -436,7 +454,7 @@ pub fn read_policy(args: &ReadPolicyArgs) -> anyhow::Result<()> {
         |imported| imported.read_policy.name(),
         || {
             let policy = policy.expect("a policy to set");
-            admin::set_pool_read_policy(&args.data_dir, &args.pool, policy)
+            crate::pool::registry::set_pool_read_policy(&args.data_dir, &args.pool, policy)
         },
     )
 }
@@ -459,17 +477,17 @@ impl PoolSetting {
         pool: &str,
         data_dir: &Path,
         value: Option<&'static str>,
-        current: impl Fn(&admin::Imported) -> &'static str,
+        current: impl Fn(&crate::pool::import::Imported) -> &'static str,
         record: impl Fn() -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        match (admin::try_lock_data_dir(data_dir)?, value) {
+        match (crate::pool::data_dir::try_lock_data_dir(data_dir)?, value) {
             (Some(_lock), Some(value)) => {
-                admin::import_registered(pool, data_dir, false)?;
+                crate::pool::import::import_registered(pool, data_dir, false)?;
                 record()?;
                 println!("pool {pool}: {} will be {value} when served", self.what);
             }
             (Some(_lock), None) => {
-                let imported = admin::import_registered(pool, data_dir, false)?;
+                let imported = crate::pool::import::import_registered(pool, data_dir, false)?;
                 println!("pool {pool}: {}", current(&imported));
             }
             (None, Some(value)) => {

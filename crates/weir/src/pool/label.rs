@@ -18,7 +18,9 @@
 
 use std::fmt;
 
-use super::mirror::select::COPIES_MAX;
+/// Copies a mirror may have: the read selector holds sets of copies as
+/// bits of a `u64`, so that choosing allocates nothing on the read path.
+pub const COPIES_MAX: usize = 64;
 
 pub const LABEL_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"WEIRLBL1";

@@ -2,14 +2,20 @@
 //! (`SingleDevice`, a raw export); mirrored, checksummed pools implement
 //! the same `Store` trait later, so the volume and server do not change.
 
-pub mod admin;
+pub mod create;
+pub mod data_dir;
 pub mod geometry;
+pub mod import;
 pub mod integrity;
 pub mod label;
+pub mod layout;
 mod members;
 pub mod mirror;
+pub mod read_policy;
+pub mod registry;
 pub mod scrub;
 pub mod service;
+pub mod status;
 pub mod volume_table;
 pub mod volumes;
 

@@ -22,6 +22,7 @@ use anyhow::Context;
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
+pub use super::mirror::select::COPY_LEAD_MAX_CHUNKS;
 use super::mirror::{CopyScrub, PoolData, ScrubResult};
 
 /// Checkpoint after this many chunks (and at every change of state).
@@ -32,12 +33,6 @@ const CHECKPOINT_EVERY_CHUNKS: u64 = 64;
 /// default). With one, a flash device idles between reads, and the device
 /// queue has nothing to schedule.
 const CHUNKS_IN_FLIGHT: u64 = 4;
-/// How far (in chunks) one copy's scrub may run ahead of the slowest
-/// copy's. Copies are read on their own, so client reads that land on one
-/// device leave the others scrubbing instead of idle (in the simulator, a
-/// light reader's HDD mirror scrubbed at 0.69x its idle rate with the copies
-/// in step, 0.71x without); the bound caps what a restart redoes.
-pub const COPY_LEAD_MAX_CHUNKS: u64 = 256;
 /// A copy held by the lead looks at commands this often.
 const LEAD_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use parking_lot::Mutex;
 
-use super::admin::{self, identity, open_member};
+use super::import::{identity, open_member};
 use super::label::{choose, LabelError};
 use super::members::read_labels;
 use super::mirror::select::ReadPolicy;
@@ -208,9 +208,15 @@ impl PoolService {
             ),
             Err(err) => bail!("{new} has a damaged weir label ({err}); use --force to take it"),
         }
-        pool.replace(group, member, device, &new_text, admin::random_id()?)
-            .with_context(|| format!("cannot replace {old} with {new}"))?;
-        admin::set_member_spec(&self.data_dir, name, index, &new_text)?;
+        pool.replace(
+            group,
+            member,
+            device,
+            &new_text,
+            crate::pool::import::random_id()?,
+        )
+        .with_context(|| format!("cannot replace {old} with {new}"))?;
+        crate::pool::registry::set_member_spec(&self.data_dir, name, index, &new_text)?;
         Ok(format!(
             "replacing {old} with {new} in pool {name}: resilver started\n"
         ))
@@ -220,7 +226,7 @@ impl PoolService {
     pub fn set_sched(&self, name: &str, mode: Mode) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
         pool.set_sched(mode);
-        admin::set_pool_sched(&self.data_dir, name, mode)?;
+        crate::pool::registry::set_pool_sched(&self.data_dir, name, mode)?;
         Ok(format!("pool {name}: device queues now {}\n", mode.name()))
     }
 
@@ -229,7 +235,7 @@ impl PoolService {
     pub fn set_read_policy(&self, name: &str, policy: ReadPolicy) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
         pool.set_read_policy(policy);
-        admin::set_pool_read_policy(&self.data_dir, name, policy)?;
+        crate::pool::registry::set_pool_read_policy(&self.data_dir, name, policy)?;
         Ok(format!("pool {name}: reads now {}\n", policy.name()))
     }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 
-use super::admin::{self, Imported};
 use super::geometry::{allocate, DeviceRegions, Stripe, CHUNK_BYTES, VOLUME_TABLE_BYTES};
+use super::import::Imported;
 use super::volume_table::{check_volume_name, VolumeEntry, VolumeTable, VOLUMES_MAX};
 use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 
@@ -86,7 +86,7 @@ fn write_table(pool: &Imported, table: &VolumeTable) -> anyhow::Result<()> {
 
 /// Configuration changes need every member: a missing one would miss them.
 fn import_online(pool_name: &str, data_dir: &Path) -> anyhow::Result<Imported> {
-    let pool = admin::import_registered(pool_name, data_dir, true)?;
+    let pool = crate::pool::import::import_registered(pool_name, data_dir, true)?;
     if pool.state() != "ONLINE" {
         bail!(
             "pool {pool_name:?} is {}; volumes can be changed only while every member is ONLINE",
@@ -103,7 +103,7 @@ pub fn create(
     data_dir: &Path,
 ) -> anyhow::Result<()> {
     let (pool_name, volume) = split_name(name)?;
-    let _lock = admin::lock_data_dir(data_dir)?;
+    let _lock = crate::pool::data_dir::lock_data_dir(data_dir)?;
     if !block_bytes.is_power_of_two() || !(4096..=128 << 10).contains(&block_bytes) {
         bail!("the block size must be a power of two from 4K to 128K");
     }
@@ -140,7 +140,7 @@ pub fn create(
 
 pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
     let (pool_name, volume) = split_name(name)?;
-    let _lock = admin::lock_data_dir(data_dir)?;
+    let _lock = crate::pool::data_dir::lock_data_dir(data_dir)?;
     let pool = import_online(pool_name, data_dir)?;
     let mut table = read_table(&pool)?;
     let before = table.volumes.len();
@@ -162,8 +162,8 @@ pub type Opened = (
 pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
     let mut pools = Vec::new();
     let mut out: Vec<(String, Arc<dyn super::Store>)> = Vec::new();
-    for pool_name in admin::registered_pools(data_dir)? {
-        let pool = admin::import_registered(&pool_name, data_dir, true)?;
+    for pool_name in crate::pool::registry::registered_pools(data_dir)? {
+        let pool = crate::pool::import::import_registered(&pool_name, data_dir, true)?;
         let table = read_table(&pool)?;
         let data = super::mirror::PoolData::open(&pool)
             .with_context(|| format!("cannot open pool {pool_name:?}"))?;
@@ -187,11 +187,11 @@ pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
 /// Every volume of every registered pool (or of one).
 pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
     let mut out = format!("{:<40} {:>14} {:>8}\n", "NAME", "SIZE", "BLOCK");
-    for pool_name in admin::registered_pools(data_dir)? {
+    for pool_name in crate::pool::registry::registered_pools(data_dir)? {
         if pool_filter.is_some_and(|f| f != pool_name) {
             continue;
         }
-        let pool = admin::import_registered(&pool_name, data_dir, false)?;
+        let pool = crate::pool::import::import_registered(&pool_name, data_dir, false)?;
         for v in read_table(&pool)?.volumes {
             let _ = writeln!(
                 out,

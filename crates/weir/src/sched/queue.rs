@@ -27,7 +27,7 @@ const MERGE_LIMIT_FLASH: u64 = 128 << 10;
 const READ_GAP_BYTES: u64 = 32 << 10;
 
 /// How a device queue chooses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// No scheduling: every I/O goes to the device at once, in order.
@@ -40,6 +40,8 @@ pub enum Mode {
 }
 
 impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Fifo, Mode::Zfs, Mode::Adaptive];
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Fifo => "fifo",
@@ -49,9 +51,7 @@ impl Mode {
     }
 
     pub fn parse(text: &str) -> Option<Mode> {
-        [Mode::Fifo, Mode::Zfs, Mode::Adaptive]
-            .into_iter()
-            .find(|m| m.name() == text)
+        Mode::ALL.into_iter().find(|m| m.name() == text)
     }
 }
 

@@ -43,8 +43,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::admin::{Imported, MemberState};
 use super::geometry::{DeviceRegions, Stripe, CHECKSUM_ENTRY_BYTES, CHUNK_BYTES, DATA_BLOCK_BYTES};
+use super::import::{Imported, MemberState};
 use super::integrity::{BlockSum, DirtyLog};
 use super::label::Label;
 use crate::device::workers::Workers;
@@ -383,7 +383,7 @@ impl PoolData {
         let Some(dir) = self.registry_dir.lock().clone() else {
             return;
         };
-        if let Err(err) = crate::pool::admin::record_generation(&dir, &self.name, generation) {
+        if let Err(err) = crate::pool::registry::record_generation(&dir, &self.name, generation) {
             tracing::warn!(pool = self.name, error = %err, "cannot record the pool's generation");
         }
     }

@@ -1,0 +1,35 @@
+//! The data directory's lock: one `weir serve` per data directory, and
+//! offline commands that change a pool only while none runs.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Exclusive use of a data directory: `weir serve` holds it while it runs,
+/// and the offline commands that change a pool take it. Released when the
+/// file is dropped.
+pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
+    try_lock_data_dir(data_dir)?.with_context(|| {
+        format!(
+            "{} is in use by a running weir serve; stop it first (creating pools, importing them and changing volumes are done with the server stopped)",
+            data_dir.display()
+        )
+    })
+}
+
+/// `Ok(None)` when another process holds the directory.
+pub fn try_lock_data_dir(data_dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
+    let path = data_dir.join("weir.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    Ok((rc == 0).then_some(file))
+}
