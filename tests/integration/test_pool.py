@@ -405,6 +405,8 @@ class Scrub(PoolTest):
             self.assertIn("finished", self.scrub("status", "tank").stdout)
             metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
             self.assertIn('weir_member_repaired_blocks_total{pool="tank",group="0",member="1"', metrics)
+            self.assertIn("# TYPE weir_device_latency_seconds histogram", metrics)
+            self.assertRegex(metrics, r"weir_device_latency_seconds_sum\{[^}]*class=\"scrub\"\} [0-9.e-]+")
             self.assertRegex(metrics, r'weir_device_ops_total\{[^}]*class="scrub"\} [1-9]')
             self.assertEqual(w.stop(), 0)
         with open(a, "rb") as fa, open(b, "rb") as fb:

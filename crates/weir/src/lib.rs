@@ -23,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod device;
 pub mod join;
+pub mod metrics;
 pub mod pool;
 pub mod rng;
 pub mod sched;

@@ -1,17 +1,16 @@
 //! The CLI's side of the admin endpoint: find the running server of a data
 //! directory and ask it.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::http::percent_encode;
 use super::ADDRESS_FILE;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// `/metrics` of a large pool is the longest answer; far below this.
+const BODY_BYTES_MAX: u64 = 64 << 20;
 
 /// A server's admin endpoint, found through its data directory.
 pub struct AdminClient {
@@ -36,40 +35,31 @@ impl AdminClient {
 
     /// `METHOD path?query`; the body of a 200 answer, else the server's reason.
     pub fn call(&self, method: &str, path: &str, query: &[(&str, &str)]) -> anyhow::Result<String> {
-        let query: Vec<String> = query
-            .iter()
-            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
-            .collect();
-        let target = if query.is_empty() {
-            path.to_string()
-        } else {
-            format!("{path}?{}", query.join("&"))
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(TIMEOUT))
+            .build()
+            .into();
+        let url = format!("http://{}{path}", self.addr);
+        let pairs = query.iter().copied();
+        let sent = match method {
+            "GET" => agent.get(&url).query_pairs(pairs).call(),
+            "POST" => agent.post(&url).query_pairs(pairs).send_empty(),
+            other => bail!("the admin endpoint takes GET and POST, not {other}"),
         };
-        let mut stream = TcpStream::connect(&self.addr).with_context(|| {
+        let mut answer = sent.with_context(|| {
             format!("cannot reach the server's admin endpoint at {}", self.addr)
         })?;
-        stream.set_read_timeout(Some(TIMEOUT))?;
-        stream.set_write_timeout(Some(TIMEOUT))?;
-        write!(
-            stream,
-            "{method} {target} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.addr
-        )?;
-        let mut answer = String::new();
-        stream
-            .read_to_string(&mut answer)
+        let status = answer.status();
+        let body = answer
+            .body_mut()
+            .with_config()
+            .limit(BODY_BYTES_MAX)
+            .read_to_string()
             .context("reading the admin endpoint's answer")?;
-        let (head, body) = answer
-            .split_once("\r\n\r\n")
-            .context("malformed answer from the admin endpoint")?;
-        let status: u16 = head
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .context("malformed status line from the admin endpoint")?;
         if status != 200 {
             bail!("{}", body.trim_end());
         }
-        Ok(body.to_string())
+        Ok(body)
     }
 }

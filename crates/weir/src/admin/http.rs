@@ -1,16 +1,14 @@
-//! Just enough HTTP/1.1 for a localhost admin endpoint: one request per
-//! connection, no bodies, answers closed after sending. Parsing is sans-IO.
+//! The admin endpoint's HTTP: tiny_http reads requests (each connection on
+//! its own, so a slow client does not hold up the others) and this module
+//! turns them into `Request`s for the router and `Response`s back.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Longest request head accepted; ours are a line and a few headers.
-const HEAD_BYTES_MAX: usize = 16 << 10;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// How often the serving loop looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
@@ -21,6 +19,20 @@ pub struct Request {
 }
 
 impl Request {
+    /// `url` is the request target: a path with an optional query.
+    pub fn parse(method: &str, url: &str) -> Request {
+        let (path, query) = url.split_once('?').unwrap_or((url, ""));
+        Request {
+            method: method.to_string(),
+            path: percent_encoding::percent_decode_str(path)
+                .decode_utf8_lossy()
+                .into_owned(),
+            query: form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect(),
+        }
+    }
+
     pub fn param(&self, key: &str) -> Option<&str> {
         self.query
             .iter()
@@ -51,141 +63,32 @@ impl Response {
             body,
         }
     }
-
-    fn encode(&self) -> Vec<u8> {
-        let reason = match self.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            409 => "Conflict",
-            _ => "Error",
-        };
-        let mut out = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            self.status,
-            self.content_type,
-            self.body.len()
-        )
-        .into_bytes();
-        out.extend_from_slice(self.body.as_bytes());
-        out
-    }
 }
 
-/// Parse a request head (everything up to the blank line).
-pub fn parse_request(head: &str) -> Result<Request, String> {
-    let line = head.lines().next().ok_or("empty request")?;
-    let mut words = line.split(' ');
-    let (Some(method), Some(target), Some(version)) = (words.next(), words.next(), words.next())
-    else {
-        return Err(format!("malformed request line {line:?}"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("unsupported protocol {version:?}"));
-    }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let query = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((percent_decode(k)?, percent_decode(v)?))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(Request {
-        method: method.to_string(),
-        path: percent_decode(path)?,
-        query,
-    })
-}
-
-pub fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = text
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("bad percent escape in {text:?}"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            other => {
-                out.push(other);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("{text:?} is not UTF-8"))
-}
-
-pub fn percent_encode(text: &str) -> String {
-    let mut out = String::new();
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~/:".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-/// Serve until `stop` is set, one request at a time on this thread.
+/// Serve until `stop` is set, handling one request at a time on this thread.
 pub fn serve(
     listener: TcpListener,
     stop: Arc<AtomicBool>,
     handle: impl Fn(&Request) -> Response,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
+    let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
     while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(err) = answer(stream, &handle) {
-                    tracing::debug!(error = %err, "admin request failed");
-                }
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_POLL)
-            }
-            Err(err) => tracing::warn!(error = %err, "admin endpoint: accept failed"),
+        let Some(incoming) = server.recv_timeout(STOP_POLL)? else {
+            continue;
+        };
+        let request = Request::parse(incoming.method().as_str(), incoming.url());
+        let response = handle(&request);
+        let content_type =
+            tiny_http::Header::from_bytes(&b"Content-Type"[..], response.content_type.as_bytes())
+                .expect("a valid header");
+        let answer = tiny_http::Response::from_string(response.body)
+            .with_status_code(response.status)
+            .with_header(content_type);
+        if let Err(err) = incoming.respond(answer) {
+            tracing::debug!(error = %err, "admin request failed");
         }
     }
     Ok(())
-}
-
-fn answer(mut stream: TcpStream, handle: &impl Fn(&Request) -> Response) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 2048];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > HEAD_BYTES_MAX {
-            return stream.write_all(&Response::text(400, "request too large\n").encode());
-        }
-    }
-    let response = match std::str::from_utf8(&head)
-        .map_err(|_| "request is not UTF-8".to_string())
-        .and_then(parse_request)
-    {
-        Ok(request) => handle(&request),
-        Err(why) => Response::text(400, format!("{why}\n")),
-    };
-    stream.write_all(&response.encode())
 }
 
 #[cfg(test)]
@@ -194,22 +97,12 @@ mod tests {
 
     #[test]
     fn requests_parse_with_decoded_queries() {
-        let request = parse_request(
-            "POST /v1/replace?pool=tank&old=%2Ftmp%2Fa%20b&new=c HTTP/1.1\r\nHost: x\r\n\r\n",
-        )
-        .unwrap();
+        let request = Request::parse("POST", "/v1/replace?pool=tank&old=%2Ftmp%2Fa%20b&new=c");
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/replace");
         assert_eq!(request.param("old"), Some("/tmp/a b"));
+        assert_eq!(request.param("new"), Some("c"));
         assert_eq!(request.param("missing"), None);
-        assert!(parse_request("GET /\r\n\r\n").is_err());
-        assert!(parse_request("GET / SPDY/3\r\n\r\n").is_err());
-        assert!(parse_request("GET /?a=%zz HTTP/1.1\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn encoding_round_trips() {
-        let text = "model:hdd,size=1G,store=file:/tmp/x y&z";
-        assert_eq!(percent_decode(&percent_encode(text)).unwrap(), text);
+        assert_eq!(Request::parse("GET", "/metrics").query, vec![]);
     }
 }

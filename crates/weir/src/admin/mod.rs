@@ -133,7 +133,7 @@ fn route(service: &PoolService, request: &Request) -> Response {
         ("GET", "/v1/iostat") => Ok(Response::json(service.iostat().to_string())),
         ("GET", "/metrics") => Ok(Response {
             status: 200,
-            content_type: "text/plain; version=0.0.4",
+            content_type: crate::metrics::CONTENT_TYPE,
             body: service.metrics(),
         }),
         (

@@ -3,7 +3,6 @@
 //! the CLI opens the pool and runs the same code in its own process.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -249,17 +248,13 @@ impl PoolService {
         serde_json::Value::Array(rows)
     }
 
-    /// Prometheus text for every pool.
+    /// Every pool's metrics, in the Prometheus/OpenMetrics text format.
     pub fn metrics(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# weir pools: member state and errors; device ops, bytes, in-flight and errors by class"
-        );
+        let mut samples = Vec::new();
         for pool in &self.pools {
-            pool.metrics(&mut out);
+            pool.metrics(&mut samples);
         }
-        out
+        crate::metrics::encode(&samples)
     }
 
     /// Whether any member of the pool is resilvering.

@@ -42,6 +42,8 @@ pub struct ClassCounters {
     pub pieces: AtomicU64,
     /// Submission to completion, queueing included.
     pub latency_log2_us: [AtomicU64; LATENCY_BUCKETS],
+    /// The sum of those latencies, for means and Prometheus's `_sum`.
+    pub latency_sum_ns: AtomicU64,
 }
 
 impl ClassCounters {
@@ -53,6 +55,8 @@ impl ClassCounters {
             (63 - us.leading_zeros() as usize).min(LATENCY_BUCKETS - 1)
         };
         self.latency_log2_us[bucket].fetch_add(1, Relaxed);
+        self.latency_sum_ns
+            .fetch_add(elapsed.as_nanos() as u64, Relaxed);
     }
 }
 

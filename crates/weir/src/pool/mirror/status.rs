@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::{Health, PoolData};
+use crate::metrics::{Sample, SampleValue};
 use crate::sched::IoClass;
 
 impl PoolData {
@@ -156,99 +157,110 @@ impl PoolData {
         rows
     }
 
-    /// Prometheus text lines for this pool's members.
-    pub fn metrics(&self, out: &mut String) {
+    /// This pool's metrics, for the admin endpoint to encode.
+    pub fn metrics(&self, out: &mut Vec<Sample>) {
         let pool = &self.name;
-        let _ = writeln!(
-            out,
-            "weir_pool_repairs_total{{pool=\"{pool}\"}} {}",
-            self.repairs()
-        );
+        out.push(Sample::counter(
+            "weir_pool_repairs",
+            vec![("pool", pool.clone())],
+            self.repairs(),
+        ));
         let now = self.clock_ns();
         for (g, group) in self.groups.iter().enumerate() {
             let estimates = group.selector.lock().estimates(now);
             let selected: u64 = estimates.iter().map(|e| e.reads).sum();
             for (m, slot) in group.slots.iter().enumerate() {
-                let labels = format!(
-                    "pool=\"{pool}\",group=\"{g}\",member=\"{m}\",device=\"{}\"",
-                    escape(&slot.spec.read())
-                );
+                let labels = vec![
+                    ("pool", pool.clone()),
+                    ("group", g.to_string()),
+                    ("member", m.to_string()),
+                    ("device", slot.spec.read().clone()),
+                ];
+                let with = |key: &'static str, value: &str| {
+                    let mut l = labels.clone();
+                    l.push((key, value.to_string()));
+                    l
+                };
                 let c = &slot.counters;
                 let health = slot.health();
                 for state in [Health::Online, Health::Resilvering, Health::Faulted] {
-                    let _ = writeln!(
-                        out,
-                        "weir_member_state{{{labels},state=\"{}\"}} {}",
-                        state.name(),
-                        u8::from(health == state)
-                    );
+                    out.push(Sample::gauge(
+                        "weir_member_state",
+                        with("state", state.name()),
+                        f64::from(u8::from(health == state)),
+                    ));
                 }
                 for (name, value) in [
-                    ("weir_member_reads_total", &c.reads),
-                    ("weir_member_read_errors_total", &c.read_errors),
-                    ("weir_member_write_errors_total", &c.write_errors),
-                    ("weir_member_checksum_errors_total", &c.checksum_errors),
-                    ("weir_member_repaired_blocks_total", &c.repaired),
+                    ("weir_member_reads", &c.reads),
+                    ("weir_member_read_errors", &c.read_errors),
+                    ("weir_member_write_errors", &c.write_errors),
+                    ("weir_member_checksum_errors", &c.checksum_errors),
+                    ("weir_member_repaired_blocks", &c.repaired),
                 ] {
-                    let _ = writeln!(out, "{name}{{{labels}}} {}", value.load(Ordering::Relaxed));
+                    out.push(Sample::counter(
+                        name,
+                        labels.clone(),
+                        value.load(Ordering::Relaxed),
+                    ));
                 }
                 let e = &estimates[m];
-                let _ = writeln!(
-                    out,
-                    "weir_member_read_share{{{labels}}} {}",
-                    e.reads as f64 / selected.max(1) as f64
-                );
+                out.push(Sample::gauge(
+                    "weir_member_read_share",
+                    labels.clone(),
+                    e.reads as f64 / selected.max(1) as f64,
+                ));
                 for (kind, estimate) in [("run", e.service_run_ns), ("other", e.service_ns)] {
                     if let Some(ns) = estimate {
-                        let _ = writeln!(
-                            out,
-                            "weir_member_read_service_seconds{{{labels},kind=\"{kind}\"}} {}",
-                            ns / 1e9
-                        );
+                        out.push(Sample::gauge(
+                            "weir_member_read_service_seconds",
+                            with("kind", kind),
+                            ns / 1e9,
+                        ));
                     }
                 }
-                let _ = writeln!(
-                    out,
-                    "weir_member_read_passed_over{{{labels}}} {}",
-                    u8::from(e.avoided)
-                );
+                out.push(Sample::gauge(
+                    "weir_member_read_passed_over",
+                    labels.clone(),
+                    f64::from(u8::from(e.avoided)),
+                ));
                 let Some(attached) = slot.attached() else {
                     continue;
                 };
                 for class in IoClass::ALL {
                     let k = attached.queue.counters(class);
-                    let class_labels = format!("{labels},class=\"{}\"", class.name());
+                    let class_labels = with("class", class.name());
                     for (name, value) in [
-                        ("weir_device_ops_total", &k.ops),
-                        ("weir_device_bytes_total", &k.bytes),
-                        ("weir_device_in_flight", &k.in_flight),
-                        ("weir_device_errors_total", &k.errors),
-                        ("weir_device_pieces_total", &k.pieces),
+                        ("weir_device_ops", &k.ops),
+                        ("weir_device_bytes", &k.bytes),
+                        ("weir_device_errors", &k.errors),
+                        ("weir_device_pieces", &k.pieces),
                     ] {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{{class_labels}}} {}",
-                            value.load(Ordering::Relaxed)
-                        );
+                        out.push(Sample::counter(
+                            name,
+                            class_labels.clone(),
+                            value.load(Ordering::Relaxed),
+                        ));
                     }
-                    // A Prometheus histogram over the log2 buckets.
-                    let mut cumulative = 0;
-                    for (i, bucket) in k.latency_log2_us.iter().enumerate() {
-                        cumulative += bucket.load(Ordering::Relaxed);
-                        let _ = writeln!(
-                            out,
-                            "weir_device_latency_us_bucket{{{class_labels},le=\"{}\"}} {cumulative}",
-                            1u64 << (i + 1)
-                        );
-                    }
-                    let _ = writeln!(
-                        out,
-                        "weir_device_latency_us_bucket{{{class_labels},le=\"+Inf\"}} {cumulative}"
-                    );
-                    let _ = writeln!(
-                        out,
-                        "weir_device_latency_us_count{{{class_labels}}} {cumulative}"
-                    );
+                    out.push(Sample::gauge(
+                        "weir_device_in_flight",
+                        class_labels.clone(),
+                        k.in_flight.load(Ordering::Relaxed) as f64,
+                    ));
+                    // Bucket i holds [2^i, 2^(i+1)) us: its upper bound in seconds.
+                    let buckets = k
+                        .latency_log2_us
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| ((1u64 << (i + 1)) as f64 / 1e6, b.load(Ordering::Relaxed)))
+                        .collect();
+                    out.push(Sample {
+                        family: "weir_device_latency_seconds",
+                        labels: class_labels,
+                        value: SampleValue::Histogram {
+                            buckets,
+                            sum: k.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                        },
+                    });
                 }
             }
         }
@@ -261,8 +273,4 @@ fn percent(done: u64, total: u64) -> f64 {
     } else {
         100.0 * done as f64 / total as f64
     }
-}
-
-fn escape(text: &str) -> String {
-    text.replace('\\', "\\\\").replace('"', "\\\"")
 }

@@ -1,0 +1,187 @@
+//! Metrics as the pools report them (`Sample`s, gathered at scrape time
+//! from the counters the data path keeps anyway) and their encoding in the
+//! Prometheus/OpenMetrics text format by prometheus-client: one family per
+//! name with its HELP and TYPE, counters ending in `_total`, times in
+//! seconds, histograms with `_sum` and `_count`.
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+/// The content type `encode`'s output is served with.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Every family weir reports: name (without `_total` for counters), type,
+/// help. Families are written in this order.
+const FAMILIES: &[(&str, MetricType, &str)] = &[
+    ("weir_pool_repairs", MetricType::Counter, "Blocks rewritten on a copy because it failed or returned bad data."),
+    ("weir_member_state", MetricType::Gauge, "1 for the member's current state (ONLINE, RESILVERING, FAULTED), 0 for the others."),
+    ("weir_member_reads", MetricType::Counter, "Client reads the mirror sent to this member."),
+    ("weir_member_read_errors", MetricType::Counter, "Reads from this member that failed."),
+    ("weir_member_write_errors", MetricType::Counter, "Writes to this member that failed."),
+    ("weir_member_checksum_errors", MetricType::Counter, "Blocks this member returned that failed their checksum."),
+    ("weir_member_repaired_blocks", MetricType::Counter, "Blocks rewritten on this member from a good copy."),
+    ("weir_member_read_share", MetricType::Gauge, "This member's share of its mirror's reads, since the pool opened."),
+    ("weir_member_read_service_seconds", MetricType::Gauge, "The read selector's service-time estimate for this member (kind=run: reads continuing the last; other: the rest)."),
+    ("weir_member_read_passed_over", MetricType::Gauge, "1 while the selector avoids this member after a checksum failure."),
+    ("weir_device_ops", MetricType::Counter, "I/Os completed by the device queue, by class."),
+    ("weir_device_bytes", MetricType::Counter, "Bytes moved by completed I/Os, by class."),
+    ("weir_device_errors", MetricType::Counter, "I/Os that failed, by class."),
+    ("weir_device_pieces", MetricType::Counter, "Device operations sent for I/Os split into pieces, by class."),
+    ("weir_device_in_flight", MetricType::Gauge, "I/Os submitted and not yet completed, by class."),
+    ("weir_device_latency_seconds", MetricType::Histogram, "Submission to completion of device I/Os, queueing included, by class."),
+];
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SampleValue {
+    Counter(u64),
+    Gauge(f64),
+    /// Per-bucket counts (not cumulative) by upper bound, and the sum.
+    Histogram {
+        buckets: Vec<(f64, u64)>,
+        sum: f64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub family: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+    pub value: SampleValue,
+}
+
+impl Sample {
+    pub fn counter(
+        family: &'static str,
+        labels: Vec<(&'static str, String)>,
+        value: u64,
+    ) -> Sample {
+        Sample {
+            family,
+            labels,
+            value: SampleValue::Counter(value),
+        }
+    }
+
+    pub fn gauge(family: &'static str, labels: Vec<(&'static str, String)>, value: f64) -> Sample {
+        Sample {
+            family,
+            labels,
+            value: SampleValue::Gauge(value),
+        }
+    }
+}
+
+/// The text of every sample, grouped into families.
+pub fn encode(samples: &[Sample]) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    prometheus_client::encoding::text::encode_registry(&mut out, &registry_of(samples))
+        .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out))
+        .expect("encoding into a String");
+    out
+}
+
+fn registry_of(samples: &[Sample]) -> prometheus_client::registry::Registry {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Snapshot(samples.to_vec())));
+    registry
+}
+
+/// The samples of one scrape, as a collector for prometheus-client.
+#[derive(Debug)]
+struct Snapshot(Vec<Sample>);
+
+impl prometheus_client::collector::Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (family, kind, help) in FAMILIES {
+            let members: Vec<&Sample> = self.0.iter().filter(|s| s.family == *family).collect();
+            if members.is_empty() {
+                continue;
+            }
+            let mut family_encoder = encoder.encode_descriptor(family, help, None, kind.clone())?;
+            for sample in members {
+                let labels: Vec<(&str, &str)> = sample
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (*k, v.as_str()))
+                    .collect();
+                let metric = family_encoder.encode_family(&labels)?;
+                match &sample.value {
+                    SampleValue::Counter(v) => ConstCounter::new(*v).encode(metric)?,
+                    SampleValue::Gauge(v) => ConstGauge::new(*v).encode(metric)?,
+                    SampleValue::Histogram { buckets, sum } => {
+                        let mut buckets = buckets.clone();
+                        let count = buckets.iter().map(|b| b.1).sum();
+                        buckets.push((f64::INFINITY, 0));
+                        let mut metric = metric;
+                        metric.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                            *sum, count, &buckets, None,
+                        )?
+                    }
+                }
+            }
+        }
+        debug_assert!(
+            self.0
+                .iter()
+                .all(|s| FAMILIES.iter().any(|f| f.0 == s.family)),
+            "every family is described"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_grouped_and_typed() {
+        let labels = |m: &str| vec![("pool", "tank".to_string()), ("member", m.to_string())];
+        let samples = vec![
+            Sample::counter("weir_member_reads", labels("0"), 5),
+            Sample::gauge("weir_member_read_share", labels("0"), 0.5),
+            Sample::counter("weir_member_reads", labels("1"), 7),
+            Sample {
+                family: "weir_device_latency_seconds",
+                labels: labels("0"),
+                value: SampleValue::Histogram {
+                    buckets: vec![(0.000002, 3), (0.000004, 1)],
+                    sum: 0.00001,
+                },
+            },
+        ];
+        let text = encode(&samples);
+        assert!(
+            text.contains("# TYPE weir_member_reads counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("# HELP weir_member_reads "), "{text}");
+        let reads = text
+            .find("weir_member_reads_total{pool=\"tank\",member=\"0\"} 5")
+            .unwrap();
+        let reads1 = text
+            .find("weir_member_reads_total{pool=\"tank\",member=\"1\"} 7")
+            .unwrap();
+        let share = text.find("weir_member_read_share{").unwrap();
+        assert!(
+            reads < reads1 && reads1 < share,
+            "one run per family: {text}"
+        );
+        assert!(
+            text.contains("weir_device_latency_seconds_count{pool=\"tank\",member=\"0\"} 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_device_latency_seconds_sum{pool=\"tank\",member=\"0\"} 0.00001"),
+            "{text}"
+        );
+        assert!(
+            text.contains("_bucket{le=\"+Inf\",pool=\"tank\",member=\"0\"} 4"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
