@@ -100,7 +100,7 @@ impl prometheus_client::collector::Collector for Snapshot {
             if members.is_empty() {
                 continue;
             }
-            let mut family_encoder = encoder.encode_descriptor(family, help, None, kind.clone())?;
+            let mut family_encoder = encoder.encode_descriptor(family, help, None, *kind)?;
             for sample in members {
                 let labels: Vec<(&str, &str)> = sample
                     .labels
