@@ -11,7 +11,7 @@ Every NBD job uses fio's nbd engine over a Unix socket. Exports are filled
 with data first so that nobody serves holes. The servers of a setting run
 side by side; each job runs on every target once per round (default 3
 rounds of 5 s, so 15 s per job and target), interleaved, and the median
-round is reported with the spread: this VM's disk and CPUs drift by tens of
+round is reported with the spread: a shared machine's disk and CPUs drift by tens of
 percent over minutes, and running the servers one after another let that
 drift decide the ratios.
 """
@@ -39,13 +39,14 @@ JOBS = [  # name, rw, bs, iodepth
     ("randwrite-4k-qd32", "randwrite", "4k", 32),
     ("seqwrite-1m-qd8", "write", "1M", 8),
 ]
-# Not in issue 2's bar, so not run unless named with --jobs. Unaligned
+# Not run unless named with --jobs. Unaligned
 # writes take a read-modify-write in every server; fio's O_DIRECT limit
 # cannot run them and is left out of those rows.
 EXTRA_JOBS = [
     ("randwrite-1000b-qd32", "randwrite", "1000", 32),
 ]
 LIMIT = "fio io_uring direct (limit)"
+BASELINE = "weir baseline"
 
 
 def can_run(target, bs):
@@ -192,6 +193,18 @@ def table(title, results, peers, limit=None):
     return "\n".join(lines), verdicts
 
 
+def baseline_table(report):
+    """weir / weir baseline per setting and job, from the same interleaved rounds."""
+    lines = ["### weir / weir baseline", "", "| setting | job | IOPS ratio | p99 ratio |", "|---|---|---:|---:|"]
+    for setting, data in report["settings"].items():
+        results = data["results"]
+        for job, new in results["weir"].items():
+            old = results[BASELINE][job]
+            lines.append(f"| {setting} | {job} | {new['iops'] / old['iops']:.2f} | "
+                         f"{new['p99_us'] / max(old['p99_us'], 1e-9):.2f} |")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime", type=int, default=int(os.environ.get("RUNTIME", 5)),
@@ -200,10 +213,15 @@ def main():
                         help="runs of every job on every server, interleaved; the median is reported")
     parser.add_argument("--settings", default="memory,direct")
     parser.add_argument("--jobs", default=",".join(j[0] for j in JOBS),
-                        help="comma-separated job names to run (default: the bar's five; also: "
+                        help="comma-separated job names to run (default: the five above; also: "
                              + ", ".join(j[0] for j in EXTRA_JOBS) + ")")
     parser.add_argument("--dir", default=os.environ.get("BENCH_DIR", "/var/tmp"),
                         help="where the 2 GiB file for the direct setting lives (must allow O_DIRECT)")
+    parser.add_argument("--baseline", metavar="WEIR_BIN",
+                        help="also serve with this weir binary (an older build), reported as 'weir baseline' "
+                             "with a weir / baseline table")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "peers"),
+                        help="write OUT.json and OUT.md (default: bench/results/peers)")
     args = parser.parse_args()
     settings = args.settings.split(",")
     wanted = args.jobs.split(",")
@@ -226,6 +244,9 @@ def main():
         try:
             servers.start("weir", lambda sock: [WEIR, "serve", "--listen", "none", "--socket", sock, "--export",
                                                 "bench=mem:2G", "--log-level", "warn"])
+            if args.baseline:
+                servers.start(BASELINE, lambda sock: [args.baseline, "serve", "--listen", "none", "--socket", sock,
+                                                      "--export", "bench=mem:2G", "--log-level", "warn"])
             servers.start("nbdkit", lambda sock: ["nbdkit", "-f", "-U", sock, "-e", "bench", "memory", "2G"])
             servers.start("qemu-nbd", lambda sock: ["qemu-nbd", "-k", sock, "-x", "bench", "-f", "raw", "-t",
                                                     "--shared=16", shm])
@@ -250,6 +271,10 @@ def main():
             # refuse that, and only one of them runs a job at any moment.
             servers.start("weir", lambda sock: [WEIR, "serve", "--listen", "none", "--socket", sock, "--export",
                                                 f"bench={path}", "--log-level", "warn"], prefill=False)
+            if args.baseline:
+                servers.start(BASELINE, lambda sock: [args.baseline, "serve", "--listen", "none", "--socket", sock,
+                                                      "--export", f"bench={path}", "--log-level", "warn"],
+                              prefill=False)
             servers.start("qemu-nbd", lambda sock: [
                 "qemu-nbd", "-k", sock, "-x", "bench", "-t", "--shared=16", "--cache=none", "--aio=io_uring",
                 "--image-opts", f"driver=raw,file.driver=file,file.filename={path},file.locking=off"],
@@ -277,11 +302,13 @@ def main():
         markdown.append(text)
         print(text, flush=True)
 
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(HERE, "results", f"peers-{stamp}.json")
+    if args.baseline:
+        markdown.append(baseline_table(report))
+        print(markdown[-1], flush=True)
+    out = args.out + ".json"
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
-    with open(os.path.join(HERE, "results", f"peers-{stamp}.md"), "w") as f:
+    with open(args.out + ".md", "w") as f:
         f.write(f"Date: {report['date']}  \nMachine: {report['machine']}  \nCommand: `{report['command']}`\n\n")
         f.write("\n\n".join(markdown) + "\n")
     print(f"\nwrote {out}\nrerun: {report['command']}")

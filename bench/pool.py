@@ -3,13 +3,13 @@
 
 Setting "files": a 2-way mirror pool volume on two files vs a raw export of
 one file vs qemu-nbd on one file (cache=none, io_uring), all on the same
-disk. The bar: checksumming costs at most 10% of 4 KiB randread QD32 IOPS
-and of 1 MiB sequential read throughput, against the raw weir volume.
+disk. Checksumming should cost at most 10% of 4 KiB randread QD32 IOPS and
+of 1 MiB sequential read throughput, against the raw weir volume.
 
 Setting "nvme": a mirror of two model:nvme devices (store=file) vs a raw
 export of one model:nvme: mirrored 1 MiB sequential reads at QD8 should use
 both copies and beat one device. The models' link is set to 1000 MB/s
-(link_mb_s=1000): at the default 3.2 GB/s the NBD path on a 2-vCPU VM, not
+(link_mb_s=1000): at the default 3.2 GB/s the NBD path on a 2-CPU machine, not
 the device, is the limit, and no mirror could show anything.
 
 The targets run side by side; each job runs on every target once per round
@@ -62,12 +62,20 @@ def table(title, results, baseline, jobs):
     for job, *_ in jobs:
         ratios[job] = results[pool][job]["iops"] / results[baseline][job]["iops"]
         lines.append(f"| {job} | {ratios[job]:.2f} |")
+    if f"{pool} (baseline)" in results:
+        lines += ["", f"| job | pool / {baseline}, baseline build | pool: this build / baseline | "
+                      f"{baseline}: this build / baseline |", "|---|---:|---:|---:|"]
+        for job, *_ in jobs:
+            old_pool, old_raw = results[f"{pool} (baseline)"][job], results[f"{baseline} (baseline)"][job]
+            lines.append(f"| {job} | {old_pool['iops'] / old_raw['iops']:.2f} | "
+                         f"{results[pool][job]['iops'] / old_pool['iops']:.2f} | "
+                         f"{results[baseline][job]['iops'] / old_raw['iops']:.2f} |")
     return "\n".join(lines), ratios
 
 
-def serve(tmp, name, args):
+def serve(tmp, name, args, weir=WEIR):
     sock = os.path.join(tmp, f"{name}.sock")
-    cmd = [WEIR, "serve", "--listen", "none", "--socket", sock, "--admin", "127.0.0.1:0", "--log-level", "warn", *args]
+    cmd = [weir, "serve", "--listen", "none", "--socket", sock, "--admin", "127.0.0.1:0", "--log-level", "warn", *args]
     print("  " + shlex.join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_socket(sock, proc, timeout=120)
@@ -80,6 +88,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settings", default="files,nvme")
     parser.add_argument("--dir", default="/var/tmp", help="where the backing files live (O_DIRECT)")
+    parser.add_argument("--baseline", metavar="WEIR_BIN",
+                        help="also run the files setting with this weir binary (an older build) on pools "
+                             "of its own, reported as '(baseline)' targets")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "pool"),
+                        help="write OUT.json and OUT.md (default: bench/results/pool)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="weir-pool-bench-")
     data = os.path.join(tmp, "data")
@@ -91,24 +104,27 @@ def main():
     try:
         if "files" in args.settings.split(","):
             print("== files: mirror pool vs raw file vs qemu-nbd", flush=True)
-            a, b, raw = (os.path.join(args.dir, f"weir-pool-bench-{n}.img") for n in ("a", "b", "raw"))
-            for path in (a, b, raw):
-                sh("fallocate", "-l", str(2 * GIB), path)
-            sh(WEIR, "pool", "create", "tank", "mirror", a, b, "--data-dir", data)
-            sh(WEIR, "volume", "create", "tank/disk", "--size", "1G", "--data-dir", data)
-            proc, sock = serve(tmp, "files", ["--data-dir", data, "--export", f"raw={raw}"])
-            procs.append(proc)
+            builds = [("", WEIR)] + ([(" (baseline)", args.baseline)] if args.baseline else [])
+            targets = {}
+            for suffix, weir in builds:
+                tag = "base-" if suffix else ""
+                a, b, raw = (os.path.join(args.dir, f"weir-pool-bench-{tag}{n}.img") for n in ("a", "b", "raw"))
+                for path in (a, b, raw):
+                    sh("fallocate", "-l", str(2 * GIB), path)
+                bdata = data + tag
+                sh(weir, "pool", "create", "tank", "mirror", a, b, "--data-dir", bdata)
+                sh(weir, "volume", "create", "tank/disk", "--size", "1G", "--data-dir", bdata)
+                proc, sock = serve(tmp, "files" + tag, ["--data-dir", bdata, "--export", f"raw={raw}"], weir)
+                procs.append(proc)
+                targets[f"weir pool (2-way mirror){suffix}"] = f"nbd+unix:///tank/disk?socket={sock}"
+                targets[f"weir raw file{suffix}"] = f"nbd+unix:///raw?socket={sock}"
             qsock = os.path.join(tmp, "qemu.sock")
             qproc = subprocess.Popen(["qemu-nbd", "-k", qsock, "-x", "bench", "-t", "--shared=16", "--cache=none",
                                       "--aio=io_uring", "-f", "raw", raw], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
             procs.append(qproc)
             wait_for_socket(qsock, qproc)
-            targets = {
-                "weir pool (2-way mirror)": f"nbd+unix:///tank/disk?socket={sock}",
-                "weir raw file": f"nbd+unix:///raw?socket={sock}",
-                "qemu-nbd raw file": f"nbd+unix:///bench?socket={qsock}",
-            }
+            targets["qemu-nbd raw file"] = f"nbd+unix:///bench?socket={qsock}"
             for uri in targets.values():
                 fill(uri, "1G")
             results = run_interleaved({n: ["--ioengine=nbd", f"--uri={u}", "--size=1G"] for n, u in targets.items()},
@@ -155,8 +171,7 @@ def main():
         for name in os.listdir(args.dir):
             if name.startswith("weir-pool-bench-"):
                 os.unlink(os.path.join(args.dir, name))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(HERE, "results", f"pool-{stamp}")
+    out = args.out
     with open(out + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(out + ".md", "w") as f:

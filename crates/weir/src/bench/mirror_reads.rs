@@ -232,20 +232,31 @@ fn fast_and_slow(
         .into_iter()
         .enumerate()
     {
-        checks.push(Check::range(
-            &format!("1. nvme+ssd {what}, 1 conn: latency / round-robin"),
-            "x",
-            mb_per_s(&latency[i]) / mb_per_s(&round_robin[i]).max(1e-9),
-            2.5,
-            f64::INFINITY,
-        ));
-        checks.push(Check::range(
-            &format!("1. nvme+ssd {what}, 1 conn: latency / sum alone"),
-            "x",
-            mb_per_s(&latency[i]) / sum.max(1e-9),
-            0.85,
-            f64::INFINITY,
-        ));
+        // With random reads, the best split of the connection's queue
+        // depth between the two devices alone is the most any policy can
+        // get; sequential streams have no such reference.
+        let ceiling = if i == 1 { best_split } else { f64::INFINITY };
+        let over_round_robin = mb_per_s(&round_robin[i]).max(1e-9);
+        checks.push(
+            Check::range(
+                &format!("1. nvme+ssd {what}, 1 conn: latency / round-robin"),
+                "x",
+                mb_per_s(&latency[i]) / over_round_robin,
+                2.5,
+                f64::INFINITY,
+            )
+            .unless_beyond_reach(ceiling / over_round_robin, 2.5, "the best split"),
+        );
+        checks.push(
+            Check::range(
+                &format!("1. nvme+ssd {what}, 1 conn: latency / sum alone"),
+                "x",
+                mb_per_s(&latency[i]) / sum.max(1e-9),
+                0.85,
+                f64::INFINITY,
+            )
+            .unless_beyond_reach(ceiling / sum.max(1e-9), 0.85, "the best split"),
+        );
     }
     checks.push(Check::range(
         "1. nvme+ssd rand 4K QD32, 1 conn: latency / best split",
@@ -369,6 +380,7 @@ fn equal_devices(
                     expected: "different, >= 0.90 each".into(),
                     measured: format!("a on {a_copy} ({a_share:.3}), b on {b_copy} ({b_share:.3})"),
                     ok: a_copy != b_copy && a_share >= 0.9 && b_share >= 0.9,
+                    beyond_reach: None,
                 });
             }
             None => {

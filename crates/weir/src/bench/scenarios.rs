@@ -25,6 +25,9 @@ pub struct Check {
     pub expected: String,
     pub measured: String,
     pub ok: bool,
+    /// Set when the expected range is out of reach of any policy on these
+    /// devices (a reference run shows the ceiling): reported, not failed.
+    pub beyond_reach: Option<String>,
 }
 
 impl Check {
@@ -42,20 +45,38 @@ impl Check {
                 format!("{measured:.1} {unit}")
             },
             ok: measured >= low && measured <= high,
+            beyond_reach: None,
         }
+    }
+
+    /// A missed lower bound that even `ceiling` (the same ratio for the
+    /// best any policy could do, from reference runs) would miss is beyond
+    /// reach, not a failure of the policy.
+    pub(crate) fn unless_beyond_reach(mut self, ceiling: f64, low: f64, how: &str) -> Check {
+        if !self.ok && ceiling < low {
+            self.beyond_reach = Some(format!("{how} reaches {ceiling:.2} x"));
+        }
+        self
+    }
+
+    /// Missed its range where a policy could have met it.
+    pub fn failed(&self) -> bool {
+        !self.ok && self.beyond_reach.is_none()
     }
 }
 
 pub fn checks_table(checks: &[Check]) -> String {
     let mut out = String::from("| measure | expected | measured | ok |\n|---|---|---|---|\n");
     for c in checks {
+        let verdict = match (&c.beyond_reach, c.ok) {
+            (_, true) => "yes".to_string(),
+            (Some(why), false) => format!("beyond reach ({why})"),
+            (None, false) => "NO".to_string(),
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} |",
-            c.what,
-            c.expected,
-            c.measured,
-            if c.ok { "yes" } else { "NO" }
+            "| {} | {} | {} | {verdict} |",
+            c.what, c.expected, c.measured
         );
     }
     out
@@ -360,6 +381,7 @@ pub fn scrub_vs_randread(
             expected: format!("< {:.0} ms", qd3.latency_us.max / 1000.0),
             measured: format!("{:.0} ms", qd1.latency_us.max / 1000.0),
             ok: qd1.latency_us.max < qd3.latency_us.max,
+            beyond_reach: None,
         },
     ];
     Ok(Outcome {
@@ -483,6 +505,7 @@ pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             expected: ">= 1.10 x".into(),
             measured: format!("{:.2} x", better.iter().copied().fold(0.0, f64::max)),
             ok: better.iter().any(|b| *b >= 1.1),
+            beyond_reach: None,
         },
         Check::range(
             "4. light reader: p99 / idle p99",
