@@ -5,9 +5,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 use weir::admin::AdminEndpoint;
+use weir::cli::{Cli, Command};
 use weir::config::{ServeArgs, ServeConfig};
 use weir::device;
 use weir::pool::service::PoolService;
@@ -15,37 +16,6 @@ use weir::pool::SingleDevice;
 use weir::sched::DeviceQueue;
 use weir::server::{self, Export, Exports, Listeners};
 use weir::volume::Volume;
-
-#[derive(Parser)]
-#[command(
-    name = "weir",
-    version,
-    about = "A user-space block storage server that exports volumes over NBD"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve exports and pool volumes over NBD (with nothing configured: a mirrored demo volume).
-    Serve(ServeArgs),
-    /// Pools of mirrored, checksummed devices: create, status, replace.
-    #[command(subcommand)]
-    Pool(weir::cli::pool::PoolCommand),
-    /// Volumes in pools (so far offline: create, list, delete).
-    #[command(subcommand)]
-    Volume(weir::cli::pool::VolumeCommand),
-    /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
-    #[command(subcommand)]
-    Scrub(weir::cli::pool::ScrubCommand),
-    /// The running server's device queues per pool member and class (-w: latency histograms).
-    Iostat(weir::admin::iostat::IostatArgs),
-    /// Workloads and scenarios against device models (virtual time) or NBD servers.
-    #[command(subcommand)]
-    Bench(weir::bench::cli::BenchCommand),
-}
 
 fn main() {
     let cli = Cli::parse();
@@ -68,6 +38,7 @@ fn main() {
             init_logging("warn");
             weir::admin::iostat::main(args)
         }
+        Command::Reference(args) => weir::cli::reference::main(&args),
     };
     if let Err(err) = result {
         eprintln!("weir: error: {err:#}");

@@ -585,26 +585,32 @@ mod scenario_tests {
     use super::*;
     use crate::bench::scenarios::SimTargets;
 
-    /// Checks that no policy can pass on these models: with 32 reads in
-    /// flight in all, the NVMe model still gains from every one of them,
-    /// so any split of the 32 reaches at most about 78% of the two devices'
-    /// QD32 sum (1.83x round-robin). The scenario prints that bound, and
-    /// its own check holds `latency` to 95% of it.
-    const BEYOND_ANY_POLICY: [&str; 2] = [
-        "1. nvme+ssd rand 4K QD32, 1 conn: latency / round-robin",
-        "1. nvme+ssd rand 4K QD32, 1 conn: latency / sum alone",
-    ];
-
     #[test]
-    fn the_latency_policy_meets_the_bar_in_the_simulator() {
+    fn the_latency_policy_meets_every_check_within_reach_in_the_simulator() {
         let outcome = mirror_reads(&mut SimTargets, 1.0, 1).unwrap();
         assert_eq!(outcome.checks.len(), 18);
         let missed: Vec<String> = outcome
             .checks
             .iter()
-            .filter(|c| !c.ok && !BEYOND_ANY_POLICY.contains(&c.what.as_str()))
+            .filter(|c| c.failed())
             .map(|c| format!("{}: {}", c.what, c.measured))
             .collect();
         assert!(missed.is_empty(), "{missed:#?}\n{}", outcome.notes);
+        // With 32 reads in flight in all, the NVMe model still gains from
+        // every one, so no split of them reaches these two marks; the
+        // scenario must say so from its reference runs, not by name.
+        let beyond: Vec<&str> = outcome
+            .checks
+            .iter()
+            .filter(|c| c.beyond_reach.is_some())
+            .map(|c| c.what.as_str())
+            .collect();
+        assert_eq!(
+            beyond,
+            [
+                "1. nvme+ssd rand 4K QD32, 1 conn: latency / round-robin",
+                "1. nvme+ssd rand 4K QD32, 1 conn: latency / sum alone",
+            ]
+        );
     }
 }

@@ -1,7 +1,47 @@
-//! Subcommands that administer pools, volumes and scrubs, offline or
-//! through a running server's admin endpoint.
+//! The `weir` command line: its commands, the pool/volume/scrub commands
+//! (offline, or through a running server's admin endpoint), and the
+//! reference generated from it.
 
 pub mod pool;
+pub mod reference;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::ServeArgs;
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "A user-space block storage server that exports volumes over NBD"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve exports and pool volumes over NBD (with nothing configured: a mirrored demo volume).
+    Serve(ServeArgs),
+    /// Pools of mirrored, checksummed devices: create, status, replace.
+    #[command(subcommand)]
+    Pool(crate::cli::pool::PoolCommand),
+    /// Volumes in pools (so far offline: create, list, delete).
+    #[command(subcommand)]
+    Volume(crate::cli::pool::VolumeCommand),
+    /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
+    #[command(subcommand)]
+    Scrub(crate::cli::pool::ScrubCommand),
+    /// The running server's device queues per pool member and class (-w: latency histograms).
+    Iostat(crate::admin::iostat::IostatArgs),
+    /// Workloads and scenarios against device models (virtual time) or NBD servers.
+    #[command(subcommand)]
+    Bench(crate::bench::cli::BenchCommand),
+    /// Write this command line's reference: Markdown for docs/configuration.md, or man pages.
+    #[command(hide = true)]
+    Reference(reference::ReferenceArgs),
+}
 
 /// A clap parser for a closed set of names, so that the policies and modes
 /// of the sans-IO cores it yields need not know about clap.

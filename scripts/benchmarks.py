@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""Run weir's benchmarks and write docs/benchmarks.md from their results.
+
+Usage: scripts/benchmarks.py [--only peers,pool,calibrate,scheduler,mirror-reads,pathologies]
+                             [--real] [--compose-only]
+
+Each benchmark writes its current result under bench/results/ (JSON and a
+Markdown table with the command, machine and date that produced it); the
+page is then put together from every result there, so refreshing one
+benchmark keeps the others' tables. --real adds the real-time (through NBD)
+runs of the scenarios, which take about half an hour more.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "bench", "results")
+MODELS = os.path.join(RESULTS, "models")
+WEIR = os.path.join(ROOT, "target", "release", "weir")
+PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
+
+SCENARIOS = {  # name: (weir bench arguments, what it shows)
+    "calibrate": (["calibrate"], "each device model alone against the figures it is built to give"),
+    "scheduler": (["scheduler", "--seconds", "60", "--seed", "1"],
+                  "the device queue's modes with a scrub beside random readers on HDD, SSD and NVMe mirrors"),
+    "mirror-reads": (["mirror-reads"], "the mirror read policies on mixed, equal and slowing copies"),
+    "scrub-vs-randread": (["scrub-vs-randread"], "a sequential scrub starving random reads on one HDD (fifo)"),
+    "writeback-vs-randread": (["writeback-vs-randread"], "a burst of writes stalling reads on a SATA SSD (fifo)"),
+}
+
+
+def machine():
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}"
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run(cmd, log):
+    print("+ " + shlex.join(cmd), flush=True)
+    with open(log, "w") as out:
+        result = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    return result.returncode
+
+
+def last_table(text):
+    """The last Markdown table in a command's output: a scenario's checks."""
+    tables, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return "\n".join(tables[-1]) if tables else ""
+
+
+def run_scenario(name, mode):
+    args, _ = SCENARIOS[name]
+    cmd = [WEIR, "bench", *args, f"--{mode}", "--out", MODELS]
+    log = os.path.join(MODELS, f"{name}-{mode}.log")
+    code = run(cmd, log)
+    with open(log) as f:
+        output = f.read()
+    os.unlink(log)
+    shown = ["weir", "bench", *args, f"--{mode}", "--out", "bench/results/models"]
+    with open(os.path.join(MODELS, f"{name}-{mode}.md"), "w") as f:
+        f.write(f"Date: {now()}  \nMachine: {machine()}  \nCommand: `{shlex.join(shown)}`  \n"
+                f"Exit status: {code}\n\n{last_table(output)}\n")
+    return code
+
+
+def section(path, heading, text):
+    if not os.path.exists(path):
+        return f"## {heading}\n\n{text}\n\nNo result yet: run `scripts/benchmarks.py`.\n"
+    with open(path) as f:
+        body = f.read().strip()
+    # Result files start at level-3 headings; keep them under this section.
+    return f"## {heading}\n\n{text}\n\n{body}\n"
+
+
+def compose():
+    parts = ["""# Benchmarks
+
+Every table here is the current result of one benchmark, with the command
+that reproduces it, the machine and the date. `scripts/benchmarks.py` runs
+them all and rewrites this page (`--only NAME,...` refreshes some and keeps
+the others' tables). Figures from a shared 2-CPU machine drift by tens of
+percent over minutes, so the benchmarks that compare servers run them side
+by side, interleave their jobs in rounds, and report the median round with
+the spread; compare ratios within one table, not absolute figures across
+tables.
+"""]
+    parts.append(section(os.path.join(RESULTS, "peers.md"), "Peers: weir vs qemu-nbd, qemu-storage-daemon and nbdkit",
+                         """The same fio jobs (nbd engine, Unix socket, `--invalidate=0 --randrepeat=0 --norandommap
+--time_based`) against every server of a setting. Memory-backed: weir `mem:2G`,
+nbdkit's memory plugin, qemu-nbd on a file in `/dev/shm`, each filled with data
+first. Direct I/O: one pre-written 2 GiB file served by all at once with
+O_DIRECT and io_uring where the server offers it (nbdkit's file plugin uses the
+page cache and is shown for reference), plus fio's own io_uring engine on the
+file as the limit. Each job runs on every server once per round in a rotating
+order."""))
+    parts.append(section(os.path.join(RESULTS, "pool.md"), "Pools: mirrored, checksummed volumes vs raw",
+                         """A 2-way mirror pool volume on two files against a raw export of one file (and
+qemu-nbd on it), all on the same disk; then a mirror of two `model:nvme`
+devices against one, where 1 MiB sequential reads should use both copies.
+Writes to a mirror go to both copies and wait for both, so up to half the raw
+write rate is expected."""))
+    for name, (_, what) in SCENARIOS.items():
+        for mode in ("sim", "real"):
+            path = os.path.join(MODELS, f"{name}-{mode}.md")
+            if mode == "real" and not os.path.exists(path):
+                continue
+            label = "virtual time (simulator)" if mode == "sim" else "real time through NBD"
+            parts.append(section(path, f"`weir bench {name}`, {label}",
+                                 f"Shows {what}. Checks are measured against expected ranges; "
+                                 f"the JSON report and its plot are beside this table in "
+                                 f"bench/results/models/."))
+    parts.append("""## More
+
+- How the device queue's modes work, and what the scheduler checks mean:
+  [scheduler.md](scheduler.md).
+- The mirror read policies and their runs: [mirror-reads.md](mirror-reads.md).
+- The device models and their calibration: [devices.md](devices.md).
+""")
+    with open(PAGE, "w") as f:
+        f.write("\n".join(parts))
+    print(f"wrote {os.path.relpath(PAGE, ROOT)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    everything = "peers,pool," + ",".join(SCENARIOS)
+    parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
+    parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
+    parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
+    args = parser.parse_args()
+    wanted = args.only.split(",")
+    unknown = set(wanted) - set(everything.split(","))
+    if unknown:
+        parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    if not args.compose_only:
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+        os.makedirs(MODELS, exist_ok=True)
+        if "peers" in wanted:
+            run(["bench/peers.sh", "--out", os.path.join(RESULTS, "peers")], "/dev/stdout")
+        if "pool" in wanted:
+            run(["bench/pool.sh", "--out", os.path.join(RESULTS, "pool")], "/dev/stdout")
+        for name in SCENARIOS:
+            if name in wanted:
+                run_scenario(name, "sim")
+                if args.real:
+                    run_scenario(name, "real")
+    compose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
