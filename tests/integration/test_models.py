@@ -1,5 +1,5 @@
 """Device models: served in real time, driven by fio and libnbd; the
-simulated scenarios meet their bars; faults change at run time."""
+simulated scenarios meet their checks; faults change at run time."""
 
 import json
 import os

@@ -36,8 +36,7 @@ fn documents() -> Vec<(String, String)> {
     names.into_iter().map(|n| (n.clone(), read(&n))).collect()
 }
 
-const REGENERATE: &str = "regenerate with: cargo run -- reference > /tmp/ref.md (replace the part \
-     of docs/configuration.md below the mark) and cargo run -- reference --man man";
+const REGENERATE: &str = "regenerate with scripts/reference.sh";
 
 #[test]
 fn the_command_reference_is_generated_from_clap() {

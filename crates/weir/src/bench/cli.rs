@@ -15,7 +15,7 @@ use crate::sched::Mode;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Run jobs against a simulated device (--sim --device) or an NBD server (--uri).
+    /// Run jobs against a simulated device or pool (--sim --device/--pool) or an NBD server (--uri).
     Run(RunArgs),
     /// Each device model alone, measured against its expected figures.
     Calibrate(ScenarioArgs),

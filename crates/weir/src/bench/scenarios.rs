@@ -1,6 +1,6 @@
-//! Named scenarios: the device calibration and the two pathologies of
-//! seeds 000 and 001, each run as labelled runs of one report with a table
-//! of measured against expected figures.
+//! Named scenarios: the device calibration and the two pathologies (a scrub
+//! starving reads, writeback stalling them), each run as labelled runs of
+//! one report with a table of measured against expected figures.
 
 use std::fmt::Write as _;
 

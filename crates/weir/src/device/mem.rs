@@ -181,7 +181,7 @@ impl Device for MemDevice {
 /// Copy `src` into `dst` (equal lengths). Where both are 16-byte aligned
 /// this uses non-temporal stores: the destination is cold memory nobody
 /// reads soon, and ordinary stores would first fetch every cache line they
-/// overwrite. Measured on this VM: 4 KiB random writes to a 2 GiB memory
+/// overwrite. Measured on a 2-CPU VM: 4 KiB random writes to a 2 GiB memory
 /// device spent a fifth of the reader thread in this copy.
 fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len());

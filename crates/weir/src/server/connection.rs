@@ -136,7 +136,7 @@ fn make_progress(outbox: &Outbox, ring: Option<&ThreadRing>) -> bool {
 ///
 /// When the requests since the last read completed without device I/O (a
 /// memory device), it polls the socket briefly before sleeping (see
-/// `idle_spin`). When they went to a device, it reads at once: on the VM
+/// `idle_spin`). When they went to a device, it reads at once: on a 2-CPU VM
 /// measured, polling then made depth-1 reads from a file 15-30% slower
 /// (the polling vCPU competes with the host's own I/O work), while polling
 /// doubled them from memory. Whether it polls the ring for device

@@ -73,7 +73,7 @@ const MEMORY_MARGIN_BYTES: u64 = 2 << 30;
 
 /// Where the pools' member files go. By default in memory, so that the
 /// devices' timing is the models' alone: files on a disk make both copies
-/// of a mirror share that one disk. On this VM that disk (about 1.26 GB/s
+/// of a mirror share that one disk. On a 2-CPU VM measured, the disk (1.26 GB/s
 /// at 1 MiB QD8) held the lone NVMe model to 1033 MB/s (3200 modelled),
 /// and its I/O scheduler held reads for up to its 500 ms deadline: NVMe +
 /// SSD sequential reads reached 0.77x the two devices' sum in real time,

@@ -321,8 +321,8 @@ impl MirrorSelector {
         // A probe: a copy not heard from lately, with nothing in flight.
         // Never a read that continues a run: it would move a sequential
         // stream to the probed copy, and there it can wait long behind
-        // other work (measured on this VM: the kernel's mq-deadline held
-        // such a read for its 500 ms read deadline while the stream's
+        // other work (measured with both copies on one disk: the kernel's
+        // mq-deadline held such a read for its 500 ms read deadline while the stream's
         // neighbours went first). Never while a scrub runs on disks: the
         // lag rule below moves reads between copies then, and a probe moved
         // the reader outright (the probed device cuts its background depth
