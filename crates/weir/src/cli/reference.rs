@@ -57,15 +57,19 @@ pub fn commands() -> Vec<(Vec<String>, clap::Command)> {
     out
 }
 
+/// `weir pool create` (or `weir-pool-create` with "-").
+fn full_name(words: &[String], separator: &str) -> String {
+    std::iter::once("weir")
+        .chain(words.iter().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
 /// The Markdown reference of every command and flag.
 pub fn markdown() -> String {
     let mut out = String::new();
     for (words, cmd) in commands() {
-        let name = std::iter::once("weir".to_string())
-            .chain(words.iter().cloned())
-            .collect::<Vec<_>>()
-            .join(" ");
-        let _ = writeln!(out, "### `{name}`\n");
+        let _ = writeln!(out, "### `{}`\n", full_name(&words, " "));
         if let Some(about) = cmd.get_long_about().or(cmd.get_about()) {
             let _ = writeln!(out, "{}\n", about.to_string().trim());
         }
@@ -161,10 +165,7 @@ fn description(arg: &clap::Arg) -> String {
 pub fn man_pages() -> anyhow::Result<Vec<(String, Vec<u8>)>> {
     let mut pages = Vec::new();
     for (words, cmd) in commands() {
-        let title = std::iter::once("weir".to_string())
-            .chain(words.iter().cloned())
-            .collect::<Vec<_>>()
-            .join("-");
+        let title = full_name(&words, "-");
         let mut page = Vec::new();
         clap_mangen::Man::new(cmd.clone().name(title.clone()))
             .title(title.to_uppercase())
