@@ -152,9 +152,9 @@ def main():
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
         os.makedirs(MODELS, exist_ok=True)
         if "peers" in wanted:
-            run(["bench/peers.sh", "--out", os.path.join(RESULTS, "peers")], "/dev/stdout")
+            run(["bench/peers.sh", "--out", "bench/results/peers"], "/dev/stdout")
         if "pool" in wanted:
-            run(["bench/pool.sh", "--out", os.path.join(RESULTS, "pool")], "/dev/stdout")
+            run(["bench/pool.sh", "--out", "bench/results/pool"], "/dev/stdout")
         for name in SCENARIOS:
             if name in wanted:
                 run_scenario(name, "sim")
