@@ -1,19 +1,21 @@
 //! weir: a user-space block storage server exporting volumes over NBD.
 //!
-//! The data path, top to bottom (each a module):
+//! The data path, top to bottom (each a module; none imports one above it):
 //!
 //! ```text
-//!   server/   connections, handshake, per-connection in-flight budget
+//!   server/   listeners, connections, in-flight budget, reply outbox
 //!   volume/   byte-granular requests -> aligned block ops (read-modify-write)
-//!   pool/     layout of volumes on devices (today: one whole device)
+//!   pool/     a whole device, or a pool of mirrored, checksummed devices
 //!   sched/    one queue per device; every I/O carries its class
 //!   device/   io_uring on files and block devices (O_DIRECT), memory,
 //!             timing models of HDD / SSD / NVMe (device/model)
 //! ```
 //!
-//! Beside the data path: `sim/` runs the same device models in virtual
-//! time, and `bench/` drives workloads at a model (`--sim`) or at a real
-//! NBD server, for `weir bench`.
+//! Beside the data path: `admin/` serves the running server's pools over
+//! HTTP, `cli/` is the command line, `sim/` runs the same queues and device
+//! models in virtual time, and `bench/` drives workloads at them or at a
+//! real NBD server. `metrics`, `stats`, `workload`, `rng` and `units` are
+//! leaves any layer may use.
 //!
 //! The NBD wire protocol lives in the `weir-nbd` crate and stops at `server`.
 

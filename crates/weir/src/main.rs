@@ -21,7 +21,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(&args),
-        Command::Bench(command) => weir::bench::cli::main(command),
+        Command::Bench(command) => weir::cli::bench::main(command),
         Command::Pool(command) => {
             init_logging("warn");
             weir::cli::pool::main(command)

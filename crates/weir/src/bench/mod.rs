@@ -12,7 +12,6 @@
 //! ```
 
 pub mod canvas;
-pub mod cli;
 pub mod mirror_reads;
 pub mod nbd_client;
 pub mod overhead;

@@ -2,6 +2,7 @@
 //! (offline, or through a running server's admin endpoint), and the
 //! reference generated from it.
 
+pub mod bench;
 pub mod pool;
 pub mod reference;
 
@@ -37,7 +38,7 @@ pub enum Command {
     Iostat(crate::admin::iostat::IostatArgs),
     /// Workloads and scenarios against device models (virtual time) or NBD servers.
     #[command(subcommand)]
-    Bench(crate::bench::cli::BenchCommand),
+    Bench(bench::BenchCommand),
     /// Write this command line's reference: Markdown for docs/configuration.md, or man pages.
     #[command(hide = true)]
     Reference(reference::ReferenceArgs),

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
-use super::report::Report;
-use super::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
-use super::served::{PoolRoot, ServedTargets};
-use super::{emit, parse_jobs, run_jobs, Target};
+use crate::bench::report::Report;
+use crate::bench::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
+use crate::bench::served::{PoolRoot, ServedTargets};
+use crate::bench::{emit, parse_jobs, run_jobs, Target};
 use crate::device::model::ModelSpec;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
@@ -61,11 +61,11 @@ pub struct RunArgs {
     #[arg(long, requires = "sim")]
     pool: Option<String>,
     /// For --sim: the device queues' mode [default: adaptive with --pool, fifo with --device].
-    #[arg(long, requires = "sim", value_parser = crate::cli::one_of(&Mode::ALL, Mode::name))]
+    #[arg(long, requires = "sim", value_parser = super::one_of(&Mode::ALL, Mode::name))]
     sched: Option<Mode>,
     /// For --sim --pool: how the mirror picks the copy for a read, as a served pool does.
     #[arg(long, requires = "pool", default_value_t = ReadPolicy::default(),
-          value_parser = crate::cli::one_of(&ReadPolicy::ALL, ReadPolicy::name))]
+          value_parser = super::one_of(&ReadPolicy::ALL, ReadPolicy::name))]
     read_policy: ReadPolicy,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
@@ -117,9 +117,11 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
         BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
         BenchCommand::Scheduler(args) => scenario(args, 60.0, scenarios::scheduler),
-        BenchCommand::MirrorReads(args) => scenario(args, 10.0, super::mirror_reads::mirror_reads),
+        BenchCommand::MirrorReads(args) => {
+            scenario(args, 10.0, crate::bench::mirror_reads::mirror_reads)
+        }
         BenchCommand::QueueOverhead(args) => {
-            print!("{}", super::overhead::run(args.ios)?);
+            print!("{}", crate::bench::overhead::run(args.ios)?);
             let rerun: Vec<String> = std::env::args().collect();
             println!("rerun: {}", rerun.join(" "));
             Ok(())
@@ -139,7 +141,8 @@ fn plot(args: PlotArgs) -> anyhow::Result<()> {
     let png = args
         .out
         .unwrap_or_else(|| args.report.with_extension("png"));
-    super::plot::write(&report, &png).with_context(|| format!("cannot write {}", png.display()))?;
+    crate::bench::plot::write(&report, &png)
+        .with_context(|| format!("cannot write {}", png.display()))?;
     println!("wrote {}", png.display());
     Ok(())
 }
