@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Run weir's benchmarks and write docs/benchmarks.md from their results.
 
-Usage: scripts/benchmarks.py [--only peers,pool,calibrate,scheduler,mirror-reads,pathologies]
+Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -115,6 +115,12 @@ qemu-nbd on it), all on the same disk; then a mirror of two `model:nvme`
 devices against one, where 1 MiB sequential reads should use both copies.
 Writes to a mirror go to both copies and wait for both, so up to half the raw
 write rate is expected."""))
+    parts.append(section(os.path.join(RESULTS, "pool-scaling.md"), "Pools: writes by connection count",
+                         """A 2-way mirror pool whose members are files in `/dev/shm`, so the server's own
+dispatch is what is measured: fio's nbd engine with N jobs (N connections),
+each writing its own region, 128 KiB sequential writes at QD1 and 4 KiB random
+writes at QD32. The server's CPU seconds per GiB written come from /proc (user
++ system), its thread count from the middle of each run."""))
     for name, (_, what) in SCENARIOS.items():
         for mode in ("sim", "real"):
             path = os.path.join(MODELS, f"{name}-{mode}.md")
@@ -139,7 +145,7 @@ write rate is expected."""))
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    everything = "peers,pool," + ",".join(SCENARIOS)
+    everything = "peers,pool,pool-scaling," + ",".join(SCENARIOS)
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -155,6 +161,8 @@ def main():
             run(["bench/peers.sh", "--out", "bench/results/peers"], "/dev/stdout")
         if "pool" in wanted:
             run(["bench/pool.sh", "--out", "bench/results/pool"], "/dev/stdout")
+        if "pool-scaling" in wanted:
+            run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"], "/dev/stdout")
         for name in SCENARIOS:
             if name in wanted:
                 run_scenario(name, "sim")
