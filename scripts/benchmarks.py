@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Run weir's benchmarks and write docs/benchmarks.md from their results.
+"""Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
+docs/scenarios.md (the device-model scenarios) from their results.
 
 Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
@@ -24,6 +25,7 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 MODELS = os.path.join(RESULTS, "models")
 WEIR = os.path.join(ROOT, "target", "release", "weir")
 PAGE = os.path.join(ROOT, "docs", "benchmarks.md")
+SCENARIO_PAGE = os.path.join(ROOT, "docs", "scenarios.md")
 
 SCENARIOS = {  # name: (weir bench arguments, what it shows)
     "calibrate": (["calibrate"], "each device model alone against the figures it is built to give"),
@@ -121,26 +123,43 @@ dispatch is what is measured: fio's nbd engine with N jobs (N connections),
 each writing its own region, 128 KiB sequential writes at QD1 and 4 KiB random
 writes at QD32. The server's CPU seconds per GiB written come from /proc (user
 + system), its thread count from the middle of each run."""))
+    parts.append("""## More
+
+- The device-model scenarios (calibration, the pathologies, the device
+  queue's modes, the mirror read policies): [scenarios.md](scenarios.md).
+- How the device queue's modes work: [scheduler.md](scheduler.md); the
+  mirror read policies: [mirror-reads.md](mirror-reads.md); the device
+  models: [devices.md](devices.md).
+""")
+    write(PAGE, parts)
+    scenario_parts = ["""# Scenarios
+
+The current result of each `weir bench` scenario in virtual time: the
+seeded simulator runs the same device queues, read selector and device
+models as `weir serve`, so these figures repeat exactly for the same seed
+and build. `scripts/benchmarks.py` reruns them and rewrites this page
+(`--real` adds the real-time runs through NBD). Each scenario's checks
+compare measured figures with expected ranges; what the figures mean is in
+[scheduler.md](scheduler.md), [mirror-reads.md](mirror-reads.md) and
+[devices.md](devices.md). Server and pool benchmarks are in
+[benchmarks.md](benchmarks.md).
+"""]
     for name, (_, what) in SCENARIOS.items():
         for mode in ("sim", "real"):
             path = os.path.join(MODELS, f"{name}-{mode}.md")
             if mode == "real" and not os.path.exists(path):
                 continue
-            label = "virtual time (simulator)" if mode == "sim" else "real time through NBD"
-            parts.append(section(path, f"`weir bench {name}`, {label}",
-                                 f"Shows {what}. Checks are measured against expected ranges; "
-                                 f"the JSON report and its plot are beside this table in "
-                                 f"bench/results/models/."))
-    parts.append("""## More
+            label = "virtual time" if mode == "sim" else "real time through NBD"
+            scenario_parts.append(section(path, f"`weir bench {name}`, {label}",
+                                          f"Shows {what}. The JSON report and its plot are in "
+                                          f"bench/results/models/."))
+    write(SCENARIO_PAGE, scenario_parts)
 
-- How the device queue's modes work, and what the scheduler checks mean:
-  [scheduler.md](scheduler.md).
-- The mirror read policies and their runs: [mirror-reads.md](mirror-reads.md).
-- The device models and their calibration: [devices.md](devices.md).
-""")
-    with open(PAGE, "w") as f:
+
+def write(path, parts):
+    with open(path, "w") as f:
         f.write("\n".join(parts))
-    print(f"wrote {os.path.relpath(PAGE, ROOT)}")
+    print(f"wrote {os.path.relpath(path, ROOT)}")
 
 
 def main():
