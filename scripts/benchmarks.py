@@ -45,11 +45,13 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def run(cmd, log):
+def run(cmd, log=None):
+    """Run `cmd` from the repository; its output goes to `log`, or to ours."""
     print("+ " + shlex.join(cmd), flush=True)
+    if log is None:
+        return subprocess.run(cmd, cwd=ROOT).returncode
     with open(log, "w") as out:
-        result = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    return result.returncode
+        return subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 def last_table(text):
@@ -173,21 +175,28 @@ def main():
     unknown = set(wanted) - set(everything.split(","))
     if unknown:
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    failed = 0
     if not args.compose_only:
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
         os.makedirs(MODELS, exist_ok=True)
         if "peers" in wanted:
-            run(["bench/peers.sh", "--out", "bench/results/peers"], "/dev/stdout")
+            failed += run(["bench/peers.sh", "--out", "bench/results/peers"]) != 0
         if "pool" in wanted:
-            run(["bench/pool.sh", "--out", "bench/results/pool"], "/dev/stdout")
+            failed += run(["bench/pool.sh", "--out", "bench/results/pool"]) != 0
         if "pool-scaling" in wanted:
-            run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"], "/dev/stdout")
+            failed += run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"]) != 0
         for name in SCENARIOS:
             if name in wanted:
+                # A scenario's exit status is in its table: missed checks
+                # are results, not a failure of this script.
                 run_scenario(name, "sim")
                 if args.real:
                     run_scenario(name, "real")
     compose()
+    if failed:
+        print(f"{failed} benchmark(s) failed; their tables are the previous results", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,25 +12,25 @@ use prometheus_client::metrics::MetricType;
 /// The content type `encode`'s output is served with.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Every family weir reports: name (without `_total` for counters), type,
-/// help. Families are written in this order.
-const FAMILIES: &[(&str, MetricType, &str)] = &[
-    ("weir_pool_repairs", MetricType::Counter, "Blocks rewritten on a copy because it failed or returned bad data."),
-    ("weir_member_state", MetricType::Gauge, "1 for the member's current state (ONLINE, RESILVERING, FAULTED), 0 for the others."),
-    ("weir_member_reads", MetricType::Counter, "Client reads the mirror sent to this member."),
-    ("weir_member_read_errors", MetricType::Counter, "Reads from this member that failed."),
-    ("weir_member_write_errors", MetricType::Counter, "Writes to this member that failed."),
-    ("weir_member_checksum_errors", MetricType::Counter, "Blocks this member returned that failed their checksum."),
-    ("weir_member_repaired_blocks", MetricType::Counter, "Blocks rewritten on this member from a good copy."),
-    ("weir_member_read_share", MetricType::Gauge, "This member's share of its mirror's reads, since the pool opened."),
-    ("weir_member_read_service_seconds", MetricType::Gauge, "The read selector's service-time estimate for this member (kind=run: reads continuing the last; other: the rest)."),
-    ("weir_member_read_passed_over", MetricType::Gauge, "1 while the selector avoids this member after a checksum failure."),
-    ("weir_device_ops", MetricType::Counter, "I/Os completed by the device queue, by class."),
-    ("weir_device_bytes", MetricType::Counter, "Bytes moved by completed I/Os, by class."),
-    ("weir_device_errors", MetricType::Counter, "I/Os that failed, by class."),
-    ("weir_device_pieces", MetricType::Counter, "Device operations sent for I/Os split into pieces, by class."),
-    ("weir_device_in_flight", MetricType::Gauge, "I/Os submitted and not yet completed, by class."),
-    ("weir_device_latency_seconds", MetricType::Histogram, "Submission to completion of device I/Os, queueing included, by class."),
+/// Every family weir reports: name (without `_total` for counters) and
+/// help, in the order they are written. The type comes from the samples.
+const FAMILIES: &[(&str, &str)] = &[
+    ("weir_pool_repairs", "Blocks rewritten on a copy because it failed or returned bad data."),
+    ("weir_member_state", "1 for the member's current state (ONLINE, RESILVERING, FAULTED), 0 for the others."),
+    ("weir_member_reads", "Client reads the mirror sent to this member."),
+    ("weir_member_read_errors", "Reads from this member that failed."),
+    ("weir_member_write_errors", "Writes to this member that failed."),
+    ("weir_member_checksum_errors", "Blocks this member returned that failed their checksum."),
+    ("weir_member_repaired_blocks", "Blocks rewritten on this member from a good copy."),
+    ("weir_member_read_share", "This member's share of its mirror's reads, since the pool opened."),
+    ("weir_member_read_service_seconds", "The read selector's service-time estimate for this member (kind=run: reads continuing the last; other: the rest)."),
+    ("weir_member_read_passed_over", "1 while the selector avoids this member after a checksum failure."),
+    ("weir_device_ops", "I/Os completed by the device queue, by class."),
+    ("weir_device_bytes", "Bytes moved by completed I/Os, by class."),
+    ("weir_device_errors", "I/Os that failed, by class."),
+    ("weir_device_pieces", "Device operations sent for I/Os split into pieces, by class."),
+    ("weir_device_in_flight", "I/Os submitted and not yet completed, by class."),
+    ("weir_device_latency_seconds", "Submission to completion of device I/Os, queueing included, by class."),
 ];
 
 #[derive(Clone, Debug, PartialEq)]
@@ -95,12 +95,26 @@ struct Snapshot(Vec<Sample>);
 
 impl prometheus_client::collector::Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (family, kind, help) in FAMILIES {
-            let members: Vec<&Sample> = self.0.iter().filter(|s| s.family == *family).collect();
-            if members.is_empty() {
-                continue;
+        // Described families first, in their order; a family missing from
+        // the list is still written (with no help) rather than dropped.
+        let mut names: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+        for sample in &self.0 {
+            if !names.contains(&sample.family) {
+                names.push(sample.family);
             }
-            let mut family_encoder = encoder.encode_descriptor(family, help, None, *kind)?;
+        }
+        for family in names {
+            let members: Vec<&Sample> = self.0.iter().filter(|s| s.family == family).collect();
+            let Some(first) = members.first() else {
+                continue;
+            };
+            let kind = match first.value {
+                SampleValue::Counter(_) => MetricType::Counter,
+                SampleValue::Gauge(_) => MetricType::Gauge,
+                SampleValue::Histogram { .. } => MetricType::Histogram,
+            };
+            let help = FAMILIES.iter().find(|f| f.0 == family).map_or("", |f| f.1);
+            let mut family_encoder = encoder.encode_descriptor(family, help, None, kind)?;
             for sample in members {
                 let labels: Vec<(&str, &str)> = sample
                     .labels
@@ -123,12 +137,6 @@ impl prometheus_client::collector::Collector for Snapshot {
                 }
             }
         }
-        debug_assert!(
-            self.0
-                .iter()
-                .all(|s| FAMILIES.iter().any(|f| f.0 == s.family)),
-            "every family is described"
-        );
         Ok(())
     }
 }
@@ -183,5 +191,10 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+        let unlisted = encode(&[Sample::gauge("weir_not_described", labels("0"), 1.0)]);
+        assert!(
+            unlisted.contains("# TYPE weir_not_described gauge"),
+            "{unlisted}"
+        );
     }
 }
