@@ -18,15 +18,14 @@
 //! ring, where those steps' I/O may be).
 
 mod chain;
-mod range_lock;
 
 use std::io;
 use std::sync::Arc;
 
 use crate::device::{AlignedBuf, DeviceOp, Extent, Outcome};
 use crate::pool::Store;
+use crate::range_lock::RangeLocks;
 use crate::sched::IoClass;
-use range_lock::RangeLocks;
 
 pub type Done<T> = Box<dyn FnOnce(io::Result<T>) + Send>;
 

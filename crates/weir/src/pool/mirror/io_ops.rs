@@ -61,3 +61,14 @@ pub(super) fn write_op(offset: u64, bytes: &[u8], durable: bool) -> DeviceOp {
         durable,
     }
 }
+
+/// Start an operation with a completion and wait for its outcome, on a
+/// thread that owns no ring.
+#[cfg(test)]
+pub(super) fn wait(submit: impl FnOnce(crate::device::Completion)) -> Outcome {
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    crate::device::without_thread_ring(|| {
+        submit(Box::new(move |outcome| drop(sender.send(outcome))));
+        receiver.recv().expect("every operation completes")
+    })
+}

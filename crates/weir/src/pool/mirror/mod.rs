@@ -49,6 +49,7 @@ use super::integrity::{BlockSum, DirtyLog};
 use super::label::Label;
 use crate::device::workers::Workers;
 use crate::device::Device;
+use crate::range_lock::RangeLocks;
 use crate::sched::{DeviceQueue, Mode};
 use select::{MirrorSelector, ReadPolicy};
 
@@ -59,7 +60,6 @@ pub use volume::PoolVolume;
 /// Threads per pool that run ops. Each waits on the devices for its op, so
 /// this bounds the pool's queue depth: clients commonly keep 32 in flight.
 const WORKER_THREADS: usize = 64;
-const LOCK_STRIPES: usize = 1024;
 const PAGE_BYTES: u64 = 4096;
 /// Checksum entries per 4 KiB page of the checksum region.
 const SUMS_PER_PAGE: u64 = PAGE_BYTES / CHECKSUM_ENTRY_BYTES;
@@ -146,7 +146,9 @@ pub struct PoolData {
     name: String,
     groups: Vec<Group>,
     stripe: Stripe,
-    locks: Vec<Arc<RwLock<()>>>,
+    /// Chunks held by writes (exclusive), reads, scrub and resilver;
+    /// keyed by `chunk_key`.
+    locks: Arc<RangeLocks>,
     repairs: AtomicU64,
     /// Checksum pages rewritten on a copy where they were damaged.
     metadata_repairs: AtomicU64,
@@ -289,9 +291,7 @@ impl PoolData {
             name: pool.label.pool_name.clone(),
             groups: opened,
             stripe,
-            locks: (0..LOCK_STRIPES)
-                .map(|_| Arc::new(RwLock::new(())))
-                .collect(),
+            locks: Arc::default(),
             repairs: AtomicU64::new(0),
             metadata_repairs: AtomicU64::new(0),
             rotational,
@@ -404,11 +404,6 @@ impl PoolData {
 
     pub fn chunks_per_group(&self) -> u64 {
         self.stripe.chunks_per_group
-    }
-
-    /// The lock stripe of one chunk of one group.
-    fn stripe_of(&self, group: usize, chunk: u64) -> usize {
-        ((chunk as usize) * self.stripe.groups + group) % LOCK_STRIPES
     }
 
     pub fn sched(&self) -> Mode {

@@ -13,6 +13,7 @@ use super::{eio, Attached, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
+use crate::range_lock::RangeGuard;
 use crate::sched::IoClass;
 
 /// The class of the rewrite that heals what a read of `class` found.
@@ -45,7 +46,9 @@ pub(super) enum ReadSource {
 }
 
 impl PoolData {
-    pub(super) fn read(
+    /// Read `out` at `logical`, verified; true if every block is a zero
+    /// block. The caller holds the chunks it covers.
+    fn read_locked(
         &self,
         logical: u64,
         out: &mut [u8],
@@ -53,8 +56,6 @@ impl PoolData {
         source: &ReadSource,
     ) -> io::Result<bool> {
         let pieces = self.stripe.map(logical, out.len() as u64);
-        let stripes = self.stripes(&pieces);
-        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].read()).collect();
         let mut all_zero = true;
         for piece in &pieces {
             let target =
@@ -62,6 +63,69 @@ impl PoolData {
             all_zero &= self.read_piece(piece, target, class, source)?;
         }
         Ok(all_zero)
+    }
+
+    /// The read that may need a worker: several pieces, background
+    /// classes, or healing. Its chunks are held shared before a worker
+    /// takes it, so that no worker waits on a lock.
+    pub(super) fn read_submit(
+        self: &Arc<Self>,
+        logical: u64,
+        buf: AlignedBuf,
+        class: IoClass,
+        source: ReadSource,
+        done: Completion,
+    ) {
+        let pieces = self.stripe.map(logical, buf.len() as u64);
+        let (start, end) = self.chunk_keys(&pieces);
+        let pool = Arc::clone(self);
+        self.locks.lock_then(
+            start,
+            end,
+            false,
+            Box::new(move |chunks| pool.read_on_worker(logical, buf, class, source, chunks, done)),
+        );
+    }
+
+    /// Read and wait, by the path the server would take: for tests.
+    #[cfg(test)]
+    pub(super) fn read(
+        self: &Arc<Self>,
+        logical: u64,
+        out: &mut [u8],
+        class: IoClass,
+        source: &ReadSource,
+    ) -> io::Result<bool> {
+        let buf = AlignedBuf::new(out.len());
+        let outcome = super::io_ops::wait(|done| match (class, *source) {
+            (IoClass::SyncRead, ReadSource::Client { requester }) => {
+                self.read_client_as(logical, buf, requester, done)
+            }
+            (_, source) => self.read_submit(logical, buf, class, source, done),
+        });
+        outcome.result?;
+        out.copy_from_slice(outcome.buf.expect("reads return their buffer").as_slice());
+        Ok(outcome.hole)
+    }
+
+    fn read_on_worker(
+        self: Arc<Self>,
+        logical: u64,
+        buf: AlignedBuf,
+        class: IoClass,
+        source: ReadSource,
+        chunks: RangeGuard,
+        done: Completion,
+    ) {
+        let pool = Arc::clone(&self);
+        pool.workers.run(Box::new(move || {
+            let outcome = self.read_outcome(logical, buf, class, &source);
+            drop(chunks);
+            // The last reference to the pool never drops on a worker:
+            // closing the pool waits for them.
+            drop(self);
+            done(outcome)
+        }));
     }
 
     /// The copy that serves `piece`: a position in `readable`, and the
@@ -263,27 +327,47 @@ impl PoolData {
         }
     }
 
-    /// The common read without a worker thread: one piece, its chunk lock
-    /// free, the device read submitted from the caller's thread and
-    /// verified in its completion. Anything else (a lock held, a bad block,
-    /// an error) goes back to the caller for the worker path.
-    pub(super) fn read_fast(
+    /// A client read: on the caller's thread and in the device's
+    /// completion when it is one piece whose copy verifies, the common
+    /// case; on a worker otherwise (several pieces, a bad block to heal,
+    /// an error to narrow).
+    pub(super) fn read_client(self: &Arc<Self>, logical: u64, buf: AlignedBuf, done: Completion) {
+        self.read_client_as(logical, buf, requester(), done)
+    }
+
+    fn read_client_as(
         self: &Arc<Self>,
         logical: u64,
         buf: AlignedBuf,
+        requester: u64,
         done: Completion,
-    ) -> Result<(), (AlignedBuf, Completion)> {
+    ) {
         let pieces = self.stripe.map(logical, buf.len() as u64);
+        let source = ReadSource::Client { requester };
         let [piece] = pieces[..] else {
-            return Err((buf, done));
+            return self.read_submit(logical, buf, IoClass::SyncRead, source, done);
         };
-        let mut guards = Vec::new();
-        for stripe in self.stripes(&pieces) {
-            match self.locks[stripe].try_read_arc() {
-                Some(guard) => guards.push(guard),
-                None => return Err((buf, done)),
-            }
-        }
+        let (start, end) = self.chunk_keys(&pieces);
+        let pool = Arc::clone(self);
+        self.locks.lock_then(
+            start,
+            end,
+            false,
+            Box::new(move |chunks| {
+                pool.read_one_piece(logical, piece, buf, requester, chunks, done)
+            }),
+        );
+    }
+
+    fn read_one_piece(
+        self: Arc<Self>,
+        logical: u64,
+        piece: Piece,
+        buf: AlignedBuf,
+        requester: u64,
+        chunks: RangeGuard,
+        done: Completion,
+    ) {
         let group = &self.groups[piece.group];
         let first = (piece.data_offset / DATA_BLOCK_BYTES) as usize;
         let sums: Vec<BlockSum> =
@@ -291,17 +375,18 @@ impl PoolData {
         if sums.iter().all(|s| *s == BlockSum::Zero) {
             let mut buf = buf;
             buf.as_mut_slice().fill(0);
-            drop(guards);
-            done(Outcome {
+            drop(chunks);
+            drop(self);
+            return done(Outcome {
                 result: Ok(()),
                 buf: Some(buf),
                 hole: true,
             });
-            return Ok(());
         }
         let readable = group.readable_at(piece.data_offset / CHUNK_BYTES);
-        let Some((position, choice)) = self.choose_copy(&piece, &readable, requester()) else {
-            return Err((buf, done));
+        let Some((position, choice)) = self.choose_copy(&piece, &readable, requester) else {
+            let source = ReadSource::Client { requester };
+            return self.read_on_worker(logical, buf, IoClass::SyncRead, source, chunks, done);
         };
         let (member_index, member) = &readable[position];
         let member_index = *member_index;
@@ -310,13 +395,11 @@ impl PoolData {
             .reads
             .fetch_add(1, Ordering::Relaxed);
         let offset = member.regions.data.0 + piece.data_offset;
-        let pool = Arc::clone(self);
         let started = Instant::now();
         member.queue.submit(
             IoClass::SyncRead,
             DeviceOp::Read { offset, buf },
             Box::new(move |mut outcome: Outcome| {
-                drop(guards);
                 let verified = outcome.result.is_ok()
                     && outcome.buf.as_mut().is_some_and(|buf| {
                         buf.as_mut_slice()
@@ -332,29 +415,22 @@ impl PoolData {
                     });
                 let bad_data = outcome.result.is_ok() && !verified;
                 let latency_ns = started.elapsed().as_nanos() as u64;
-                pool.copy_read_done(piece.group, choice, latency_ns, bad_data);
+                self.copy_read_done(piece.group, choice, latency_ns, bad_data);
                 if verified {
-                    drop(pool);
+                    drop(chunks);
+                    drop(self);
                     return done(outcome);
                 }
-                // A bad copy or an error: the worker path reads this copy
-                // again, heals what fails from another, and answers.
+                // A bad copy or an error: a worker reads this copy again,
+                // heals what fails from another, and answers.
                 let buf = outcome
                     .buf
                     .take()
                     .unwrap_or_else(|| AlignedBuf::new(piece.length as usize));
-                let workers_pool = Arc::clone(&pool);
-                drop(pool);
-                let job_pool = Arc::clone(&workers_pool);
                 let source = ReadSource::Member(member_index);
-                workers_pool.workers.run(Box::new(move || {
-                    let outcome = job_pool.read_outcome(logical, buf, IoClass::SyncRead, &source);
-                    drop(job_pool);
-                    done(outcome)
-                }));
+                self.read_on_worker(logical, buf, IoClass::SyncRead, source, chunks, done);
             }),
         );
-        Ok(())
     }
 
     pub(super) fn read_outcome(
@@ -364,7 +440,7 @@ impl PoolData {
         class: IoClass,
         source: &ReadSource,
     ) -> Outcome {
-        match self.read(logical, buf.as_mut_slice(), class, source) {
+        match self.read_locked(logical, buf.as_mut_slice(), class, source) {
             Ok(hole) => Outcome {
                 result: Ok(()),
                 buf: Some(buf),

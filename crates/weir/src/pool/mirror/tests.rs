@@ -103,7 +103,7 @@ fn any_copy() -> super::read::ReadSource {
     super::read::ReadSource::Client { requester: 0 }
 }
 
-fn read(pool: &PoolData, offset: u64, length: usize) -> std::io::Result<Vec<u8>> {
+fn read(pool: &Arc<PoolData>, offset: u64, length: usize) -> std::io::Result<Vec<u8>> {
     let mut out = vec![0u8; length];
     pool.read(offset, &mut out, IoClass::SyncRead, &any_copy())?;
     Ok(out)

@@ -45,46 +45,32 @@ impl Store for PoolVolume {
             offset + length <= self.info.size_bytes,
             "op past the volume: {op:?}"
         );
-        let base = self.first_byte;
-        let (op, done) = match op {
-            DeviceOp::Read { offset, buf } if class == IoClass::SyncRead => {
-                match self.pool.read_fast(base + offset, buf, done) {
-                    Ok(()) => return,
-                    Err((buf, done)) => (DeviceOp::Read { offset, buf }, done),
-                }
+        let at = self.first_byte + offset;
+        match op {
+            DeviceOp::Read { buf, .. } if class == IoClass::SyncRead => {
+                self.pool.read_client(at, buf, done)
             }
-            other => (other, done),
-        };
-        let pool = Arc::clone(&self.pool);
-        let source = ReadSource::Client {
-            requester: requester(),
-        };
-        self.pool.workers.run(Box::new(move || {
-            let outcome = match op {
-                DeviceOp::Read { offset, buf } => {
-                    pool.read_outcome(base + offset, buf, class, &source)
-                }
-                DeviceOp::Write {
-                    offset,
-                    buf,
-                    durable,
-                } => Outcome {
-                    result: pool.write(base + offset, buf.as_slice(), durable),
-                    buf: Some(buf),
-                    hole: false,
-                },
-                DeviceOp::Flush => Outcome::done(pool.flush_all()),
-                DeviceOp::Discard { offset, length }
-                | DeviceOp::WriteZeroes { offset, length, .. } => {
-                    Outcome::done(pool.zero(base + offset, length))
-                }
-            };
-            // Let go of the pool before answering: the last reference must
-            // drop on the server's thread, never on one of these workers
-            // (closing the pool joins them).
-            drop(pool);
-            done(outcome)
-        }));
+            DeviceOp::Read { buf, .. } => {
+                let source = ReadSource::Client {
+                    requester: requester(),
+                };
+                self.pool.read_submit(at, buf, class, source, done)
+            }
+            DeviceOp::Write { buf, durable, .. } => self.pool.write_submit(at, buf, durable, done),
+            DeviceOp::Discard { length, .. } | DeviceOp::WriteZeroes { length, .. } => {
+                self.pool.zero_submit(at, length, done)
+            }
+            DeviceOp::Flush => {
+                let pool = Arc::clone(&self.pool);
+                self.pool.workers.run(Box::new(move || {
+                    let flushed = pool.flush_all();
+                    // The last reference to the pool never drops on a
+                    // worker: closing the pool waits for them.
+                    drop(pool);
+                    done(Outcome::done(flushed))
+                }));
+            }
+        }
     }
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {

@@ -1,32 +1,83 @@
-//! Writes and zeroing: every writable copy gets the data, the dirty-region
-//! log covers it first, and checksums change in memory until the next flush.
+//! Writes and zeroing, as state machines that never wait on a thread:
+//!
+//! ```text
+//!  submit (caller's thread): checksums of the new blocks
+//!    └─> hold the chunks (range lock; granted now, or on the releasing thread)
+//!         └─> log bits: already durable ──────────────┐
+//!             newly dirty: made durable (slow path) ───┤
+//!                                                       v
+//!             data to every writable copy at once ─> last completion, wherever it
+//!             lands: checksums in memory, release the chunks, answer (FUA: flush
+//!             the groups first)
+//! ```
+//!
+//! Only the rare steps block, and they run on the pool's worker threads:
+//! making a newly dirty log bit durable, a flush for FUA, and settling a
+//! write that failed on a copy.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::sync::Arc;
 
-use super::io_ops::{run_all, write_op};
-use super::{PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES, LOCK_STRIPES, SUMS_PER_PAGE};
-use crate::device::{AlignedBuf, DeviceOp};
+use parking_lot::Mutex;
+
+use super::io_ops::run_all;
+#[cfg(test)]
+use super::io_ops::wait;
+use super::{PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
+use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
+use crate::range_lock::RangeGuard;
 use crate::sched::IoClass;
 
+/// Log bits a write set that were clear: (group, regions, log version).
+type Announced = Vec<(usize, Vec<u64>, u64)>;
+
+/// A write whose data is on its way to the copies.
+struct WriteInFlight {
+    pool: Arc<PoolData>,
+    pieces: Vec<Piece>,
+    /// Per piece, the checksum of each of its blocks.
+    sums: Vec<Vec<BlockSum>>,
+    durable: bool,
+    chunks: RangeGuard,
+    done: Completion,
+}
+
+/// The device writes of one pool write, counted down as they complete.
+struct Countdown {
+    /// (group, member, result) of each completed device write.
+    results: Vec<(usize, usize, io::Result<()>)>,
+    left: usize,
+    write: Option<WriteInFlight>,
+}
+
 impl PoolData {
-    /// The lock stripes covering `pieces`, in a deadlock-free order.
-    pub(super) fn stripes(&self, pieces: &[Piece]) -> Vec<usize> {
-        let mut stripes: Vec<usize> = pieces
-            .iter()
-            .flat_map(|p| {
-                let first = p.data_offset / CHUNK_BYTES;
-                let last = (p.data_offset + p.length - 1) / CHUNK_BYTES;
-                (first..=last)
-                    .map(move |c| ((c as usize) * self.stripe.groups + p.group) % LOCK_STRIPES)
-            })
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
+    /// The range of lock keys covering `pieces`: a key per chunk of each
+    /// group, numbered as logical space numbers chunks, so that the
+    /// pieces of one request are one range.
+    pub(super) fn chunk_keys(&self, pieces: &[Piece]) -> (u64, u64) {
+        let groups = self.stripe.groups as u64;
+        let keys = pieces.iter().flat_map(|p| {
+            let first = p.data_offset / CHUNK_BYTES;
+            let last = (p.data_offset + p.length - 1) / CHUNK_BYTES;
+            [
+                first * groups + p.group as u64,
+                last * groups + p.group as u64,
+            ]
+        });
+        let (mut low, mut high) = (u64::MAX, 0);
+        for key in keys {
+            low = low.min(key);
+            high = high.max(key);
+        }
+        (low, high + 1)
+    }
+
+    /// The lock key of one chunk of one group.
+    pub(super) fn chunk_key(&self, group: usize, chunk: u64) -> u64 {
+        chunk * self.stripe.groups as u64 + group as u64
     }
 
     fn regions_of(piece: &Piece) -> Vec<u64> {
@@ -34,84 +85,67 @@ impl PoolData {
             .collect()
     }
 
-    /// Write `data` at `logical`; with `durable`, flush the groups it
-    /// touched before returning (FUA).
-    pub(super) fn write(&self, logical: u64, data: &[u8], durable: bool) -> io::Result<()> {
-        let pieces = self.stripe.map(logical, data.len() as u64);
-        let stripes = self.stripes(&pieces);
-        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].write()).collect();
-        self.announce(&pieces)?;
-        // A client waits for every write (weir has no write-back cache), so
-        // all are sync-write; async-write is for write-back.
-        let class = IoClass::SyncWrite;
-        let mut ops = Vec::new();
-        let mut owners = Vec::new();
-        for piece in &pieces {
-            let bytes =
-                &data[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
-            for (m, member) in self.groups[piece.group].writable() {
-                let offset = member.regions.data.0 + piece.data_offset;
-                ops.push((Arc::clone(&member), class, write_op(offset, bytes, false)));
-                owners.push((piece.group, m));
-            }
-        }
-        let outcomes = run_all(ops);
-        let mut written = Ok(());
-        for group in self.touched_groups(&pieces) {
-            let results = owners
-                .iter()
-                .zip(&outcomes)
-                .filter(|((g, _), _)| *g == group)
-                .map(|((_, m), o)| {
-                    (
-                        *m,
-                        o.result
-                            .as_ref()
-                            .map(|_| ())
-                            .map_err(|e| match e.raw_os_error() {
-                                Some(errno) => io::Error::from_raw_os_error(errno),
-                                None => io::Error::new(e.kind(), e.to_string()),
-                            }),
-                    )
-                })
-                .collect();
-            if let Err(err) = self.settle_writes(group, results, "write") {
-                written = Err(err);
-            }
-        }
-        if written.is_err() {
-            for piece in &pieces {
-                let bytes = &data
-                    [piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
-                self.settle_failed_blocks(piece, bytes);
-            }
-        }
-        for piece in &pieces {
-            let bytes =
-                &data[piece.range_offset as usize..(piece.range_offset + piece.length) as usize];
-            let mut state = self.groups[piece.group].state.lock();
-            if written.is_ok() {
-                for (i, block) in bytes.chunks(DATA_BLOCK_BYTES as usize).enumerate() {
-                    let index = piece.data_offset / DATA_BLOCK_BYTES + i as u64;
-                    state.sums[index as usize] = BlockSum::of(block);
-                    state.dirty_pages.insert(index / SUMS_PER_PAGE);
-                }
-            }
-            state.log.after_write(Self::regions_of(piece));
-        }
-        written?;
-        if durable {
-            for group in self.touched_groups(&pieces) {
-                self.flush_group(group)?;
-            }
-        }
-        Ok(())
+    /// Write `buf` at `logical` and run `done` once every writable copy
+    /// has it (with `durable`, once it is on stable storage: FUA). The
+    /// caller's thread computes the checksums and submits; the rest runs
+    /// where the chunks are released or the device writes complete.
+    pub(super) fn write_submit(
+        self: &Arc<Self>,
+        logical: u64,
+        buf: AlignedBuf,
+        durable: bool,
+        done: Completion,
+    ) {
+        let pieces = self.stripe.map(logical, buf.len() as u64);
+        let sums: Vec<Vec<BlockSum>> = pieces
+            .iter()
+            .map(|p| {
+                let bytes =
+                    &buf.as_slice()[p.range_offset as usize..(p.range_offset + p.length) as usize];
+                bytes
+                    .chunks(DATA_BLOCK_BYTES as usize)
+                    .map(BlockSum::of)
+                    .collect()
+            })
+            .collect();
+        let (start, end) = self.chunk_keys(&pieces);
+        let pool = Arc::clone(self);
+        self.locks.lock_then(
+            start,
+            end,
+            true,
+            Box::new(move |chunks| {
+                let write = WriteInFlight {
+                    pool: Arc::clone(&pool),
+                    pieces,
+                    sums,
+                    durable,
+                    chunks,
+                    done,
+                };
+                drop(pool);
+                write.announce_then_submit(buf);
+            }),
+        );
     }
 
-    /// Set the log bits of the regions `pieces` touch, durably where new.
-    /// On failure the write is withdrawn from the log's accounting.
-    fn announce(&self, pieces: &[Piece]) -> io::Result<()> {
-        let mut newly: Vec<(usize, Vec<u64>, u64)> = Vec::new();
+    /// Write and wait: for tests and for callers off the data path.
+    #[cfg(test)]
+    pub(super) fn write(
+        self: &Arc<Self>,
+        logical: u64,
+        data: &[u8],
+        durable: bool,
+    ) -> io::Result<()> {
+        let mut buf = AlignedBuf::new(data.len());
+        buf.as_mut_slice().copy_from_slice(data);
+        wait(|done| self.write_submit(logical, buf, durable, done)).result
+    }
+
+    /// Set the log bits of the regions `pieces` touch; the ones that were
+    /// clear must be made durable (`persist_announced`) before data moves.
+    fn log_before_write(&self, pieces: &[Piece]) -> Announced {
+        let mut newly = Vec::new();
         for piece in pieces {
             let mut state = self.groups[piece.group].state.lock();
             let regions = state.log.before_write(Self::regions_of(piece));
@@ -120,28 +154,52 @@ impl PoolData {
                 newly.push((piece.group, regions, state.log_version));
             }
         }
+        newly
+    }
+
+    /// Make newly set log bits durable. On failure the write is withdrawn
+    /// from the log's accounting.
+    fn persist_announced(&self, pieces: &[Piece], newly: Announced) -> io::Result<()> {
         for (group, regions, version) in newly {
             if let Err(err) = self.persist_log_bits(group, &regions, version) {
-                for piece in pieces {
-                    let mut state = self.groups[piece.group].state.lock();
-                    state.log.after_write(Self::regions_of(piece));
-                }
+                self.log_after_write(pieces);
                 return Err(err);
             }
         }
         Ok(())
     }
 
+    fn log_after_write(&self, pieces: &[Piece]) {
+        for piece in pieces {
+            let mut state = self.groups[piece.group].state.lock();
+            state.log.after_write(Self::regions_of(piece));
+        }
+    }
+
+    /// The write reached every copy: its checksums replace the old ones.
+    fn record_sums(&self, pieces: &[Piece], sums: &[Vec<BlockSum>]) {
+        for (piece, sums) in pieces.iter().zip(sums) {
+            let mut state = self.groups[piece.group].state.lock();
+            let first = piece.data_offset / DATA_BLOCK_BYTES;
+            for (i, sum) in sums.iter().enumerate() {
+                let index = first + i as u64;
+                state.sums[index as usize] = *sum;
+                state.dirty_pages.insert(index / SUMS_PER_PAGE);
+            }
+            state.log.after_write(Self::regions_of(piece));
+        }
+    }
+
     /// After a write that failed on a copy that stays in service (its file
     /// system is full), each block it touched may hold the old or the new
     /// bytes on each copy, both legal after an error. The block's checksum
-    /// becomes that of the new bytes if a copy holds them, else stays if a
-    /// copy still matches it, else takes the first copy that reads, so the
-    /// block reads back instead of failing everywhere; reads and the scrub
-    /// heal the other copies. A copy holding neither old nor new bytes is
-    /// corrupt and is never the source while another will do. The caller
-    /// holds the chunks.
-    fn settle_failed_blocks(&self, piece: &Piece, new: &[u8]) {
+    /// becomes that of the new bytes (`written`) if a copy holds them, else
+    /// stays if a copy still matches it, else takes the first copy that
+    /// reads, so the block reads back instead of failing everywhere; reads
+    /// and the scrub heal the other copies. A copy holding neither old nor
+    /// new bytes is corrupt and is never the source while another will do.
+    /// The caller holds the chunks.
+    fn settle_failed_blocks(&self, piece: &Piece, written: &[BlockSum]) {
         let group = &self.groups[piece.group];
         let ops = group
             .readable()
@@ -161,7 +219,7 @@ impl PoolData {
         let block = DATA_BLOCK_BYTES as usize;
         let first = piece.data_offset / DATA_BLOCK_BYTES;
         let mut state = group.state.lock();
-        for b in 0..(piece.length / DATA_BLOCK_BYTES) as usize {
+        for (b, &written) in written.iter().enumerate() {
             let index = first + b as u64;
             let sum = state.sums[index as usize];
             let range = b * block..(b + 1) * block;
@@ -170,7 +228,6 @@ impl PoolData {
                     .iter()
                     .any(|c| sum.verifies(&c.as_slice()[range.clone()]))
             };
-            let written = BlockSum::of(&new[range.clone()]);
             // The new bytes where a copy took them: the copies that missed
             // them (out of space) are the ones repaired later.
             let settled = if held(written) {
@@ -187,17 +244,58 @@ impl PoolData {
         }
     }
 
-    fn touched_groups(&self, pieces: &[Piece]) -> BTreeSet<usize> {
+    fn touched_groups(pieces: &[Piece]) -> BTreeSet<usize> {
         pieces.iter().map(|p| p.group).collect()
     }
 
-    /// Mark whole blocks as zero: no data I/O.
-    pub(super) fn zero(&self, logical: u64, length: u64) -> io::Result<()> {
+    fn flush_groups(&self, pieces: &[Piece]) -> io::Result<()> {
+        for group in Self::touched_groups(pieces) {
+            self.flush_group(group)?;
+        }
+        Ok(())
+    }
+
+    /// Mark whole blocks as zero: no data I/O, only the log bits (durable
+    /// where newly set) and the checksums.
+    pub(super) fn zero_submit(self: &Arc<Self>, logical: u64, length: u64, done: Completion) {
         let pieces = self.stripe.map(logical, length);
-        let stripes = self.stripes(&pieces);
-        let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].write()).collect();
-        self.announce(&pieces)?;
-        for piece in &pieces {
+        let (start, end) = self.chunk_keys(&pieces);
+        let pool = Arc::clone(self);
+        self.locks.lock_then(
+            start,
+            end,
+            true,
+            Box::new(move |chunks| {
+                let newly = pool.log_before_write(&pieces);
+                let finish =
+                    move |pool: Arc<PoolData>, pieces: Vec<Piece>, persisted: io::Result<()>| {
+                        if persisted.is_ok() {
+                            pool.record_zeroes(&pieces);
+                        }
+                        drop(chunks);
+                        drop(pool);
+                        done(Outcome::done(persisted));
+                    };
+                if newly.is_empty() {
+                    return finish(pool, pieces, Ok(()));
+                }
+                let job_pool = Arc::clone(&pool);
+                pool.workers.run(Box::new(move || {
+                    let persisted = job_pool.persist_announced(&pieces, newly);
+                    finish(job_pool, pieces, persisted)
+                }));
+            }),
+        );
+    }
+
+    /// Zero and wait: for tests.
+    #[cfg(test)]
+    pub(super) fn zero(self: &Arc<Self>, logical: u64, length: u64) -> io::Result<()> {
+        wait(|done| self.zero_submit(logical, length, done)).result
+    }
+
+    fn record_zeroes(&self, pieces: &[Piece]) {
+        for piece in pieces {
             let mut state = self.groups[piece.group].state.lock();
             let first = piece.data_offset / DATA_BLOCK_BYTES;
             for index in first..first + piece.length / DATA_BLOCK_BYTES {
@@ -206,7 +304,6 @@ impl PoolData {
             }
             state.log.after_write(Self::regions_of(piece));
         }
-        Ok(())
     }
 
     /// Per 4 KiB block of a logical range: whether it reads as zeroes.
@@ -223,5 +320,161 @@ impl PoolData {
             );
         }
         out
+    }
+}
+
+impl WriteInFlight {
+    /// With the chunks held: the log bits, then the data.
+    fn announce_then_submit(self, buf: AlignedBuf) {
+        let newly = self.pool.log_before_write(&self.pieces);
+        if newly.is_empty() {
+            return self.submit(buf);
+        }
+        let pool = Arc::clone(&self.pool);
+        pool.workers.run(Box::new(move || {
+            match self.pool.persist_announced(&self.pieces, newly) {
+                Ok(()) => self.submit(buf),
+                Err(err) => self.answer(Err(err)),
+            }
+        }));
+    }
+
+    /// Every copy's write at once; the last to complete finishes.
+    fn submit(self, buf: AlignedBuf) {
+        let pool = Arc::clone(&self.pool);
+        let pieces = self.pieces.clone();
+        let mut targets = Vec::new();
+        for piece in &pieces {
+            for (member, attached) in pool.groups[piece.group].writable() {
+                targets.push((*piece, member, attached));
+            }
+        }
+        if targets.is_empty() {
+            return self.finish(Vec::new());
+        }
+        let count = targets.len();
+        let countdown = Arc::new(Mutex::new(Countdown {
+            results: Vec::with_capacity(count),
+            left: count,
+            write: Some(self),
+        }));
+        // The last copy of a one-piece write takes the client's buffer;
+        // the others get their own, as each device write owns its buffer.
+        let mut buf = Some(buf);
+        for (k, (piece, member, attached)) in targets.into_iter().enumerate() {
+            let data = match buf.take() {
+                Some(whole) if pieces.len() == 1 && k + 1 == count => whole,
+                whole => {
+                    let source = whole.as_ref().expect("taken by the last copy only");
+                    let range =
+                        piece.range_offset as usize..(piece.range_offset + piece.length) as usize;
+                    let mut copy = AlignedBuf::new(piece.length as usize);
+                    copy.as_mut_slice()
+                        .copy_from_slice(&source.as_slice()[range]);
+                    buf = whole;
+                    copy
+                }
+            };
+            let op = DeviceOp::Write {
+                offset: attached.regions.data.0 + piece.data_offset,
+                buf: data,
+                durable: false,
+            };
+            let countdown = Arc::clone(&countdown);
+            // A client waits for every write (write-through), so all are
+            // sync-write; async-write is for write-back.
+            attached.queue.submit(
+                IoClass::SyncWrite,
+                op,
+                Box::new(move |outcome| {
+                    let last = {
+                        let mut countdown = countdown.lock();
+                        countdown
+                            .results
+                            .push((piece.group, member, outcome.result));
+                        countdown.left -= 1;
+                        (countdown.left == 0).then(|| {
+                            let results = std::mem::take(&mut countdown.results);
+                            (results, countdown.write.take().expect("finished once"))
+                        })
+                    };
+                    if let Some((results, write)) = last {
+                        write.finish(results);
+                    }
+                }),
+            );
+        }
+    }
+
+    /// Every device write completed, `results` says how.
+    fn finish(self, results: Vec<(usize, usize, io::Result<()>)>) {
+        if !results.is_empty() && results.iter().all(|(_, _, r)| r.is_ok()) {
+            self.pool.record_sums(&self.pieces, &self.sums);
+            return self.written();
+        }
+        let pool = Arc::clone(&self.pool);
+        pool.workers.run(Box::new(move || self.settle(results)));
+    }
+
+    /// A copy failed, or there was none to write: fault members that
+    /// failed (where another copy took the data) and settle the blocks.
+    fn settle(self, mut results: Vec<(usize, usize, io::Result<()>)>) {
+        let mut written = Ok(());
+        for group in PoolData::touched_groups(&self.pieces) {
+            let (mine, others) = results.into_iter().partition(|(g, _, _)| *g == group);
+            results = others;
+            let mine = mine.into_iter().map(|(_, m, r)| (m, r)).collect();
+            if let Err(err) = self.pool.settle_writes(group, mine, "write") {
+                written = Err(err);
+            }
+        }
+        match written {
+            Ok(()) => {
+                self.pool.record_sums(&self.pieces, &self.sums);
+                self.written();
+            }
+            Err(err) => {
+                for (piece, sums) in self.pieces.iter().zip(&self.sums) {
+                    self.pool.settle_failed_blocks(piece, sums);
+                }
+                self.pool.log_after_write(&self.pieces);
+                self.answer(Err(err));
+            }
+        }
+    }
+
+    /// The data is on every copy and its checksums are in memory: release
+    /// the chunks and answer; FUA flushes the groups first.
+    fn written(self) {
+        let WriteInFlight {
+            pool,
+            pieces,
+            durable,
+            chunks,
+            done,
+            ..
+        } = self;
+        drop(chunks);
+        if !durable {
+            drop(pool);
+            return done(Outcome::done(Ok(())));
+        }
+        let job_pool = Arc::clone(&pool);
+        pool.workers.run(Box::new(move || {
+            let flushed = job_pool.flush_groups(&pieces);
+            drop(job_pool);
+            done(Outcome::done(flushed))
+        }));
+    }
+
+    fn answer(self, result: io::Result<()>) {
+        let WriteInFlight {
+            pool, chunks, done, ..
+        } = self;
+        drop(chunks);
+        // The last reference to the pool never drops here: closing it
+        // waits for its workers, and this may be one.
+        drop(pool);
+        done(Outcome::done(result))
     }
 }

@@ -1,17 +1,21 @@
-//! Byte-range locks that keep read-modify-write atomic, without blocking.
+//! Byte-range locks that never block the thread that asks for them.
 //!
-//! An unaligned write reads whole blocks, patches them and writes them
-//! back; a concurrent write to the same blocks in between would be lost.
-//! So every write holds its aligned range: plain writes in shared mode
-//! (they may overlap each other, as the client allows), read-modify-write
-//! in exclusive mode.
+//! Two users: the volume layer keeps read-modify-write atomic (an unaligned
+//! write reads whole blocks, patches them and writes them back; a write to
+//! the same blocks in between would be lost), so plain writes hold their
+//! range shared and read-modify-write holds it exclusive. A pool keeps
+//! each chunk's copies and checksums in step: a write holds its chunks
+//! exclusive from before its device writes until its checksums are
+//! updated, and reads, scrub and resilver hold them shared or exclusive.
 //!
 //! Nobody waits on a lock: [`RangeLocks::lock_then`] runs its continuation
 //! at once, or later on the thread that releases the conflicting range.
 //! A connection thread that slept on a lock could not reap the ring that
 //! holds the very I/O it waits for, and it could not read the requests
-//! behind it either. Waiters are granted in arrival order among those that
-//! overlap, so a stream of shared holders cannot starve an exclusive one.
+//! behind it either. Background threads that do nothing else may wait
+//! with [`RangeLocks::lock_blocking`]. Waiters are granted in arrival
+//! order among those that overlap, so a stream of shared holders cannot
+//! starve an exclusive one.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -99,6 +103,20 @@ impl RangeLocks {
         let guard = table.hold(self, range);
         drop(table);
         run_granted(vec![(guard, granted)]);
+    }
+
+    /// Hold `[start, end)`, waiting on this thread until it is granted.
+    /// Only for threads that own no ring and hold no other range lock
+    /// (background work, tests): anyone else uses `lock_then`.
+    pub fn lock_blocking(self: &Arc<Self>, start: u64, end: u64, exclusive: bool) -> RangeGuard {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        self.lock_then(
+            start,
+            end,
+            exclusive,
+            Box::new(move |guard| drop(sender.send(guard))),
+        );
+        receiver.recv().expect("every waiter is granted")
     }
 
     /// Ranges held and waiting (for tests and debugging).
