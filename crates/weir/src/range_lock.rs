@@ -153,6 +153,81 @@ impl Drop for RangeGuard {
     }
 }
 
+/// Range locks split into shards by key, so that requests to different
+/// places rarely meet on one mutex: the keys `[k * span, (k + 1) * span)`
+/// belong to shard `k % shards`. A range across spans takes its parts one
+/// after another in key order, so two requests never each hold a part the
+/// other waits for.
+pub struct ShardedRangeLocks {
+    shards: Vec<Arc<RangeLocks>>,
+    span: u64,
+}
+
+/// Every part of a range held in a [`ShardedRangeLocks`].
+pub struct ShardedGuard {
+    _parts: Vec<RangeGuard>,
+}
+
+pub type ShardedGranted = Box<dyn FnOnce(ShardedGuard) + Send>;
+
+impl ShardedRangeLocks {
+    pub fn new(shards: usize, span: u64) -> ShardedRangeLocks {
+        assert!(shards > 0 && span > 0);
+        ShardedRangeLocks {
+            shards: (0..shards).map(|_| Arc::default()).collect(),
+            span,
+        }
+    }
+
+    /// Run `granted` once every key of `[start, end)` is held.
+    pub fn lock_then(&self, start: u64, end: u64, exclusive: bool, granted: ShardedGranted) {
+        assert!(start < end, "empty lock range {start}..{end}");
+        let mut parts = VecDeque::new();
+        let mut at = start;
+        while at < end {
+            let span_index = at / self.span;
+            let part_end = ((span_index + 1) * self.span).min(end);
+            let shard = &self.shards[(span_index % self.shards.len() as u64) as usize];
+            parts.push_back((Arc::clone(shard), at, part_end));
+            at = part_end;
+        }
+        acquire_parts(parts, Vec::new(), exclusive, granted);
+    }
+
+    /// Hold `[start, end)`, waiting on this thread: see
+    /// [`RangeLocks::lock_blocking`] for who may.
+    pub fn lock_blocking(&self, start: u64, end: u64, exclusive: bool) -> ShardedGuard {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        self.lock_then(
+            start,
+            end,
+            exclusive,
+            Box::new(move |guard| drop(sender.send(guard))),
+        );
+        receiver.recv().expect("every waiter is granted")
+    }
+}
+
+fn acquire_parts(
+    mut parts: VecDeque<(Arc<RangeLocks>, u64, u64)>,
+    mut held: Vec<RangeGuard>,
+    exclusive: bool,
+    granted: ShardedGranted,
+) {
+    let Some((locks, start, end)) = parts.pop_front() else {
+        return granted(ShardedGuard { _parts: held });
+    };
+    locks.lock_then(
+        start,
+        end,
+        exclusive,
+        Box::new(move |guard| {
+            held.push(guard);
+            acquire_parts(parts, held, exclusive, granted)
+        }),
+    );
+}
+
 thread_local! {
     /// Continuations granted on this thread while it is already running
     /// one: a chain of read-modify-writes that complete inline (a memory
@@ -294,6 +369,37 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn sharded_ranges_across_spans_exclude_each_other_and_never_deadlock() {
+        let locks = Arc::new(ShardedRangeLocks::new(4, 16));
+        // Spans 0-2 (shards 0, 1, 2), and spans 2-5 (shards 2, 3, 0, 1).
+        let first = locks.lock_blocking(10, 40, true);
+        let (tx, rx) = mpsc::channel();
+        locks.lock_then(35, 90, true, Box::new(move |guard| tx.send(guard).unwrap()));
+        assert!(rx.try_recv().is_err(), "overlaps in span 2");
+        let _disjoint = locks.lock_blocking(64, 70, false);
+        drop(first);
+        assert!(rx.try_recv().is_err(), "still waits for the shared range");
+        drop(_disjoint);
+        let _second = rx.try_recv().expect("granted once both are released");
+        // Many threads taking ranges over the same spans in both orders.
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let locks = Arc::clone(&locks);
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let start = (i * 7 + t * 13) % 200 + 100;
+                        let _held = locks.lock_blocking(start, start + 1 + i % 40, i % 3 != 0);
+                    }
+                })
+            })
+            .collect();
+        drop(_second);
+        for thread in threads {
+            thread.join().unwrap();
+        }
     }
 
     #[test]

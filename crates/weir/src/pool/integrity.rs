@@ -257,6 +257,14 @@ impl DirtyLog {
     pub fn dirty_regions(&self) -> impl Iterator<Item = u64> + '_ {
         self.dirty.iter().copied()
     }
+
+    /// The dirty regions among `regions`.
+    pub fn dirty_regions_in(
+        &self,
+        regions: std::ops::Range<u64>,
+    ) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.range(regions).copied()
+    }
 }
 
 #[cfg(test)]

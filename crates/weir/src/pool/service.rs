@@ -272,3 +272,18 @@ impl PoolService {
         }
     }
 }
+
+impl Drop for PoolService {
+    /// A request's completion may hold its pool for a moment after the
+    /// request is answered. Each pool closes here, on this thread, once
+    /// they let go: closing waits on the devices, which the thread of a
+    /// device's completion could not do.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        for pool in &self.pools {
+            while Arc::strong_count(pool) > 1 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}

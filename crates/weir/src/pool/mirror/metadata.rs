@@ -15,8 +15,7 @@ use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
 use crate::pool::integrity::{resolve, BlockSum, CopyState, Resolution};
 use crate::sched::IoClass;
 
-/// Dirty-region bits in one 4 KiB page of the log.
-const LOG_BITS_PER_PAGE: u64 = PAGE_BYTES * 8;
+use super::log_commit::LOG_BITS_PER_PAGE;
 
 impl PoolData {
     /// At open: make every copy of each dirty region agree, then flush.
@@ -284,37 +283,35 @@ impl PoolData {
         Ok(())
     }
 
-    /// Make `regions`' bits, set at `version`, durable on every writable
-    /// member. Writers that queue behind one durable write usually find
-    /// their bits already in it (group commit for sequential writers).
-    pub(super) fn persist_log_bits(
+    /// Write the log pages holding `regions`' bits and wait, with the
+    /// group's metadata lock held. The writes go through the group's log
+    /// queue (log_commit.rs), which orders them after writers' bits.
+    fn write_log_images(
         &self,
         group_index: usize,
         regions: &[u64],
-        version: u64,
+        durable: bool,
     ) -> io::Result<()> {
-        let group = &self.groups[group_index];
-        let _io = group.metadata_io.lock();
-        let pending: Vec<u64> = {
-            let state = group.state.lock();
-            regions
-                .iter()
-                .copied()
-                .filter(|r| {
-                    let block = r / LOG_BITS_PER_PAGE;
-                    state.log_durable.get(&block).is_none_or(|v| *v < version)
-                })
-                .collect()
+        let Some(pool) = self.me.upgrade() else {
+            return self.write_log_images_now(group_index, regions, durable);
         };
-        if pending.is_empty() {
-            return Ok(());
-        }
-        self.write_log_images(group_index, &pending, true)
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        crate::device::without_thread_ring(|| {
+            pool.commit_log(
+                group_index,
+                regions,
+                durable,
+                None,
+                Box::new(move |result| drop(sender.send(result))),
+            );
+            drop(pool);
+            receiver.recv().expect("every log write completes")
+        })
     }
 
-    /// Write the log pages holding `regions`' bits, with the group's
-    /// metadata lock held.
-    fn write_log_images(
+    /// Write the log pages holding `regions`' bits here and now: only
+    /// while the pool is being dropped, when no one else can write them.
+    fn write_log_images_now(
         &self,
         group_index: usize,
         regions: &[u64],

@@ -22,9 +22,11 @@
 //! with its class. Ops run on the pool's worker threads, which wait on the
 //! member devices; a clean read runs on the caller's thread instead.
 
+mod flush_queue;
 mod health;
 mod io_ops;
 mod labels;
+mod log_commit;
 mod metadata;
 mod read;
 mod repair;
@@ -49,7 +51,7 @@ use super::integrity::{BlockSum, DirtyLog};
 use super::label::Label;
 use crate::device::workers::Workers;
 use crate::device::Device;
-use crate::range_lock::RangeLocks;
+use crate::range_lock::ShardedRangeLocks;
 use crate::sched::{DeviceQueue, Mode};
 use select::{MirrorSelector, ReadPolicy};
 
@@ -60,6 +62,9 @@ pub use volume::PoolVolume;
 /// Threads per pool that run ops. Each waits on the devices for its op, so
 /// this bounds the pool's queue depth: clients commonly keep 32 in flight.
 const WORKER_THREADS: usize = 64;
+/// Tables of the pool's block locks: one per chunk, modulo this, so that
+/// requests to different chunks rarely share one.
+const LOCK_SHARDS: usize = 64;
 const PAGE_BYTES: u64 = 4096;
 /// Checksum entries per 4 KiB page of the checksum region.
 const SUMS_PER_PAGE: u64 = PAGE_BYTES / CHECKSUM_ENTRY_BYTES;
@@ -139,21 +144,26 @@ struct Group {
     /// Held while metadata pages are computed and written, so that an older
     /// image of a page never lands after a newer one.
     metadata_io: Mutex<()>,
+    /// Writes of the dirty-region log, one batch at a time.
+    log_commits: log_commit::LogCommits,
 }
 
 /// One pool, opened: every volume of it shares this.
 pub struct PoolData {
+    /// This pool, for the log queue's completions (log_commit.rs).
+    me: std::sync::Weak<PoolData>,
     name: String,
     groups: Vec<Group>,
     stripe: Stripe,
-    /// Chunks held by writes (exclusive), reads, scrub and resilver;
-    /// keyed by `chunk_key`.
-    locks: Arc<RangeLocks>,
+    /// Blocks held by writes (exclusive), reads, scrub and resilver;
+    /// keyed by logical 4 KiB block (`block_keys`, `chunk_keys`).
+    locks: ShardedRangeLocks,
     repairs: AtomicU64,
     /// Checksum pages rewritten on a copy where they were damaged.
     metadata_repairs: AtomicU64,
     rotational: bool,
     workers: Workers,
+    flushes: flush_queue::FlushQueue,
     /// The pool's label as its current members carry it (per-device fields
     /// aside). Held across fault and replace, which change it.
     config: Mutex<Label>,
@@ -261,6 +271,7 @@ impl PoolData {
                     log_durable: Default::default(),
                 }),
                 metadata_io: Mutex::new(()),
+                log_commits: Default::default(),
             };
             let loaded = metadata::load_sums(&group.readable(), blocks)?;
             let mut dirty = metadata::load_dirty(&group.readable(), chunks_per_group)?;
@@ -287,15 +298,18 @@ impl PoolData {
             .iter()
             .flat_map(|g| g.writable())
             .any(|(_, a)| a.device().info().rotational);
-        let data = Arc::new(PoolData {
+        let workers = Workers::start("weir-pool", workers)?;
+        let data = Arc::new_cyclic(|me| PoolData {
+            me: me.clone(),
             name: pool.label.pool_name.clone(),
             groups: opened,
             stripe,
-            locks: Arc::default(),
+            locks: ShardedRangeLocks::new(LOCK_SHARDS, BLOCKS_PER_CHUNK),
             repairs: AtomicU64::new(0),
             metadata_repairs: AtomicU64::new(0),
             rotational,
-            workers: Workers::start("weir-pool", workers)?,
+            workers,
+            flushes: Default::default(),
             config: Mutex::new(pool.label.clone()),
             closing: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),

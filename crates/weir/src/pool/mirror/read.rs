@@ -13,7 +13,7 @@ use super::{eio, Attached, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
-use crate::range_lock::RangeGuard;
+use crate::range_lock::ShardedGuard;
 use crate::sched::IoClass;
 
 /// The class of the rewrite that heals what a read of `class` found.
@@ -77,7 +77,7 @@ impl PoolData {
         done: Completion,
     ) {
         let pieces = self.stripe.map(logical, buf.len() as u64);
-        let (start, end) = self.chunk_keys(&pieces);
+        let (start, end) = self.block_keys(&pieces);
         let pool = Arc::clone(self);
         self.locks.lock_then(
             start,
@@ -114,7 +114,7 @@ impl PoolData {
         buf: AlignedBuf,
         class: IoClass,
         source: ReadSource,
-        chunks: RangeGuard,
+        chunks: ShardedGuard,
         done: Completion,
     ) {
         let pool = Arc::clone(&self);
@@ -347,7 +347,7 @@ impl PoolData {
         let [piece] = pieces[..] else {
             return self.read_submit(logical, buf, IoClass::SyncRead, source, done);
         };
-        let (start, end) = self.chunk_keys(&pieces);
+        let (start, end) = self.block_keys(&pieces);
         let pool = Arc::clone(self);
         self.locks.lock_then(
             start,
@@ -365,7 +365,7 @@ impl PoolData {
         piece: Piece,
         buf: AlignedBuf,
         requester: u64,
-        chunks: RangeGuard,
+        chunks: ShardedGuard,
         done: Completion,
     ) {
         let group = &self.groups[piece.group];

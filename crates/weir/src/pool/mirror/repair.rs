@@ -63,18 +63,18 @@ impl PoolData {
         for slot in self.scrub_copies(group_index) {
             self.scrub_chunk_entries(group_index, slot, chunk);
         }
-        let key = self.chunk_key(group_index, chunk);
+        let (start, end) = self.chunk_keys(group_index, chunk);
         {
             // Nearly every chunk is clean: read and verify it beside client
             // reads of the same chunk, which would otherwise wait for the
             // whole scrub of it (a scrub read in small pieces is slow).
-            let _shared = self.locks.lock_blocking(key, key + 1, false);
+            let _shared = self.locks.lock_blocking(start, end, false);
             if let Some(clean) = self.scrub_chunk_if_clean(group_index, chunk) {
                 return Ok(clean);
             }
         }
         // Something to narrow or repair: again, with writes held off.
-        let _guard = self.locks.lock_blocking(key, key + 1, true);
+        let _guard = self.locks.lock_blocking(start, end, true);
         self.scrub_chunk_repairing(group_index, chunk)
     }
 
@@ -116,8 +116,8 @@ impl PoolData {
     /// copy slowed by client reads holds no other device idle.
     pub fn scrub_copy(&self, group_index: usize, slot: usize, chunk: u64) -> CopyScrub {
         self.scrub_chunk_entries(group_index, slot, chunk);
-        let key = self.chunk_key(group_index, chunk);
-        let _shared = self.locks.lock_blocking(key, key + 1, false);
+        let (start, end) = self.chunk_keys(group_index, chunk);
+        let _shared = self.locks.lock_blocking(start, end, false);
         let group = &self.groups[group_index];
         let first = (chunk * BLOCKS_PER_CHUNK) as usize;
         let sums: Vec<BlockSum> =
@@ -148,8 +148,8 @@ impl PoolData {
     /// The repairing scrub of every copy of a chunk, with writes to it
     /// held off: for a chunk that `scrub_copy` found suspect.
     pub fn scrub_chunk_repair(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
-        let key = self.chunk_key(group_index, chunk);
-        let _guard = self.locks.lock_blocking(key, key + 1, true);
+        let (start, end) = self.chunk_keys(group_index, chunk);
+        let _guard = self.locks.lock_blocking(start, end, true);
         self.scrub_chunk_repairing(group_index, chunk)
     }
 
@@ -397,8 +397,8 @@ impl PoolData {
 
     /// Copy one chunk onto a resilvering member from the complete copies.
     pub(super) fn resilver_chunk(&self, group: usize, member: usize, chunk: u64) -> io::Result<()> {
-        let key = self.chunk_key(group, chunk);
-        let _guard = self.locks.lock_blocking(key, key + 1, true);
+        let (start, end) = self.chunk_keys(group, chunk);
+        let _guard = self.locks.lock_blocking(start, end, true);
         let slot = &self.groups[group].slots[member];
         if slot.resilver_dirty_only.load(Ordering::SeqCst)
             && !self.groups[group].state.lock().log.is_dirty(chunk)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::read::{requester, ReadSource};
 use super::{PoolData, DATA_BLOCK_BYTES};
-use crate::device::{Completion, DeviceOp, Extent, Outcome};
+use crate::device::{Completion, DeviceOp, Extent};
 use crate::pool::geometry::CHUNK_BYTES;
 use crate::pool::volume_table::VolumeEntry;
 use crate::pool::{Store, StoreInfo};
@@ -60,16 +60,7 @@ impl Store for PoolVolume {
             DeviceOp::Discard { length, .. } | DeviceOp::WriteZeroes { length, .. } => {
                 self.pool.zero_submit(at, length, done)
             }
-            DeviceOp::Flush => {
-                let pool = Arc::clone(&self.pool);
-                self.pool.workers.run(Box::new(move || {
-                    let flushed = pool.flush_all();
-                    // The last reference to the pool never drops on a
-                    // worker: closing the pool waits for them.
-                    drop(pool);
-                    done(Outcome::done(flushed))
-                }));
-            }
+            DeviceOp::Flush => self.pool.flush_submit(done),
         }
     }
 

@@ -24,11 +24,12 @@ use parking_lot::Mutex;
 use super::io_ops::run_all;
 #[cfg(test)]
 use super::io_ops::wait;
-use super::{PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
+use super::log_commit::LogDone;
+use super::{PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
-use crate::range_lock::RangeGuard;
+use crate::range_lock::ShardedGuard;
 use crate::sched::IoClass;
 
 /// Log bits a write set that were clear: (group, regions, log version).
@@ -41,7 +42,7 @@ struct WriteInFlight {
     /// Per piece, the checksum of each of its blocks.
     sums: Vec<Vec<BlockSum>>,
     durable: bool,
-    chunks: RangeGuard,
+    chunks: ShardedGuard,
     done: Completion,
 }
 
@@ -54,30 +55,26 @@ struct Countdown {
 }
 
 impl PoolData {
-    /// The range of lock keys covering `pieces`: a key per chunk of each
-    /// group, numbered as logical space numbers chunks, so that the
-    /// pieces of one request are one range.
-    pub(super) fn chunk_keys(&self, pieces: &[Piece]) -> (u64, u64) {
+    /// The range of lock keys covering `pieces`. A key is a 4 KiB block
+    /// of logical space, so the pieces of one request are one range and
+    /// only requests to the same blocks wait for each other.
+    pub(super) fn block_keys(&self, pieces: &[Piece]) -> (u64, u64) {
         let groups = self.stripe.groups as u64;
-        let keys = pieces.iter().flat_map(|p| {
-            let first = p.data_offset / CHUNK_BYTES;
-            let last = (p.data_offset + p.length - 1) / CHUNK_BYTES;
-            [
-                first * groups + p.group as u64,
-                last * groups + p.group as u64,
-            ]
-        });
         let (mut low, mut high) = (u64::MAX, 0);
-        for key in keys {
-            low = low.min(key);
-            high = high.max(key);
+        for p in pieces {
+            let logical_chunk = p.data_offset / CHUNK_BYTES * groups + p.group as u64;
+            let first =
+                logical_chunk * BLOCKS_PER_CHUNK + p.data_offset % CHUNK_BYTES / DATA_BLOCK_BYTES;
+            low = low.min(first);
+            high = high.max(first + p.length.div_ceil(DATA_BLOCK_BYTES));
         }
-        (low, high + 1)
+        (low, high)
     }
 
-    /// The lock key of one chunk of one group.
-    pub(super) fn chunk_key(&self, group: usize, chunk: u64) -> u64 {
-        chunk * self.stripe.groups as u64 + group as u64
+    /// The lock keys of one chunk of one group.
+    pub(super) fn chunk_keys(&self, group: usize, chunk: u64) -> (u64, u64) {
+        let first = (chunk * self.stripe.groups as u64 + group as u64) * BLOCKS_PER_CHUNK;
+        (first, first + BLOCKS_PER_CHUNK)
     }
 
     fn regions_of(piece: &Piece) -> Vec<u64> {
@@ -108,7 +105,7 @@ impl PoolData {
                     .collect()
             })
             .collect();
-        let (start, end) = self.chunk_keys(&pieces);
+        let (start, end) = self.block_keys(&pieces);
         let pool = Arc::clone(self);
         self.locks.lock_then(
             start,
@@ -157,16 +154,46 @@ impl PoolData {
         newly
     }
 
-    /// Make newly set log bits durable. On failure the write is withdrawn
-    /// from the log's accounting.
-    fn persist_announced(&self, pieces: &[Piece], newly: Announced) -> io::Result<()> {
-        for (group, regions, version) in newly {
-            if let Err(err) = self.persist_log_bits(group, &regions, version) {
-                self.log_after_write(pieces);
-                return Err(err);
-            }
+    /// Make newly set log bits durable, then run `done`. On failure the
+    /// write is withdrawn from the log's accounting.
+    fn persist_announced(self: &Arc<Self>, pieces: &[Piece], newly: Announced, done: LogDone) {
+        struct Joined {
+            left: usize,
+            result: io::Result<()>,
+            done: Option<LogDone>,
+            pieces: Vec<Piece>,
         }
-        Ok(())
+        let joined = Arc::new(Mutex::new(Joined {
+            left: newly.len(),
+            result: Ok(()),
+            done: Some(done),
+            pieces: pieces.to_vec(),
+        }));
+        for (group, regions, version) in newly {
+            let (pool, joined) = (Arc::clone(self), Arc::clone(&joined));
+            let committed: LogDone = Box::new(move |result| {
+                let last = {
+                    let mut joined = joined.lock();
+                    joined.left -= 1;
+                    if let (Err(err), Ok(())) = (result, &joined.result) {
+                        joined.result = Err(err);
+                    }
+                    (joined.left == 0).then(|| {
+                        let result = std::mem::replace(&mut joined.result, Ok(()));
+                        let done = joined.done.take().expect("joined once");
+                        (result, done, std::mem::take(&mut joined.pieces))
+                    })
+                };
+                if let Some((result, done, pieces)) = last {
+                    if result.is_err() {
+                        pool.log_after_write(&pieces);
+                    }
+                    drop(pool);
+                    done(result);
+                }
+            });
+            self.commit_log(group, &regions, true, Some(version), committed);
+        }
     }
 
     fn log_after_write(&self, pieces: &[Piece]) {
@@ -248,18 +275,11 @@ impl PoolData {
         pieces.iter().map(|p| p.group).collect()
     }
 
-    fn flush_groups(&self, pieces: &[Piece]) -> io::Result<()> {
-        for group in Self::touched_groups(pieces) {
-            self.flush_group(group)?;
-        }
-        Ok(())
-    }
-
     /// Mark whole blocks as zero: no data I/O, only the log bits (durable
     /// where newly set) and the checksums.
     pub(super) fn zero_submit(self: &Arc<Self>, logical: u64, length: u64, done: Completion) {
         let pieces = self.stripe.map(logical, length);
-        let (start, end) = self.chunk_keys(&pieces);
+        let (start, end) = self.block_keys(&pieces);
         let pool = Arc::clone(self);
         self.locks.lock_then(
             start,
@@ -280,10 +300,11 @@ impl PoolData {
                     return finish(pool, pieces, Ok(()));
                 }
                 let job_pool = Arc::clone(&pool);
-                pool.workers.run(Box::new(move || {
-                    let persisted = job_pool.persist_announced(&pieces, newly);
-                    finish(job_pool, pieces, persisted)
-                }));
+                pool.persist_announced(
+                    &pieces.clone(),
+                    newly,
+                    Box::new(move |persisted| finish(job_pool, pieces, persisted)),
+                );
             }),
         );
     }
@@ -330,13 +351,15 @@ impl WriteInFlight {
         if newly.is_empty() {
             return self.submit(buf);
         }
-        let pool = Arc::clone(&self.pool);
-        pool.workers.run(Box::new(move || {
-            match self.pool.persist_announced(&self.pieces, newly) {
+        let (pool, pieces) = (Arc::clone(&self.pool), self.pieces.clone());
+        pool.persist_announced(
+            &pieces,
+            newly,
+            Box::new(move |persisted| match persisted {
                 Ok(()) => self.submit(buf),
                 Err(err) => self.answer(Err(err)),
-            }
-        }));
+            }),
+        );
     }
 
     /// Every copy's write at once; the last to complete finishes.
@@ -448,7 +471,6 @@ impl WriteInFlight {
     fn written(self) {
         let WriteInFlight {
             pool,
-            pieces,
             durable,
             chunks,
             done,
@@ -459,12 +481,7 @@ impl WriteInFlight {
             drop(pool);
             return done(Outcome::done(Ok(())));
         }
-        let job_pool = Arc::clone(&pool);
-        pool.workers.run(Box::new(move || {
-            let flushed = job_pool.flush_groups(&pieces);
-            drop(job_pool);
-            done(Outcome::done(flushed))
-        }));
+        pool.flush_submit(done);
     }
 
     fn answer(self, result: io::Result<()>) {
