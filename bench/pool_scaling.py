@@ -7,7 +7,10 @@ runs N jobs (N connections), each writing its own region of the volume:
 128 KiB sequential writes at QD1 and 4 KiB random writes at QD32, for N =
 1, 2, 4, 8, 16, 32. For each cell it records throughput, p99, the server's
 CPU seconds per GiB written (from /proc, user + system) and its thread
-count in the middle of the run.
+count in the middle of the run: weir's own threads, and apart from them
+the kernel's io_uring workers (iou-wrk), which the kernel starts for I/O
+that cannot be issued without blocking (writes to tmpfs files among it)
+and ends when idle.
 
 With --baseline WEIR_BIN an older build serves a pool of its own beside the
 new one, and every cell runs on both in alternating order, so the two
@@ -48,11 +51,19 @@ def cpu_seconds(pid):
 
 
 def threads(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return 0
+    """(weir's own threads, the kernel's io_uring workers serving them)."""
+    own = io_workers = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # ended meanwhile
+        if name.startswith("iou-"):
+            io_workers += 1
+        else:
+            own += 1
+    return own, io_workers
 
 
 def sh(*cmd):
@@ -79,14 +90,14 @@ class Build:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_socket(sock, self.proc, timeout=120)
         self.uri = f"nbd+unix:///tank/disk?socket={sock}"
-        self.idle_threads = threads(self.proc.pid)
+        self.idle_threads = threads(self.proc.pid)[0]
 
     def run(self, rw, bs, depth, jobs, runtime):
         region = VOLUME // jobs
         cmd = ["fio", "--name=job", f"--runtime={runtime}", *FIO_COMMON, "--ioengine=nbd", f"--uri={self.uri}",
                f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}", f"--numjobs={jobs}", "--group_reporting",
                f"--size={region}", f"--offset_increment={region}"]
-        peak = [0]
+        peak = [(0, 0)]
 
         def sample():
             time.sleep(runtime / 2)
@@ -107,7 +118,8 @@ class Build:
             "mb_s": job["bw_bytes"] / 1e6,
             "p99_us": job["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1000,
             "cpu_s_per_gib": used / (written / GIB) if written else float("inf"),
-            "threads": peak[0],
+            "threads": peak[0][0],
+            "io_workers": peak[0][1],
         }
 
     def stop(self):
@@ -123,14 +135,14 @@ class Build:
 def table(results, names):
     lines = ["### Mirror pool on /dev/shm files: writes by connection count", "",
              "Median of the rounds by MB/s, with the spread; the other columns are that round's.", "",
-             "| workload | jobs | build | MB/s | MB/s spread | IOPS | p99 us | CPU s / GiB | server threads |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| workload | jobs | build | MB/s | MB/s spread | IOPS | p99 us | CPU s / GiB | server threads | kernel io_uring workers |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (workload, jobs), by_build in results.items():
         for name in names:
             r = by_build[name]
             lines.append(f"| {workload} | {jobs} | {name} | {r['mb_s']:.1f} | {r['mb_s_min']:.0f}-{r['mb_s_max']:.0f} | "
                          f"{r['iops']:.0f} | {r['p99_us']:.0f} | "
-                         f"{r['cpu_s_per_gib']:.2f} | {r['threads']} |")
+                         f"{r['cpu_s_per_gib']:.2f} | {r['threads']} | {r.get('io_workers', 0)} |")
     if len(names) == 2:
         new, old = names
         lines += ["", f"| workload | jobs | throughput {new} / {old} | CPU per GiB {new} / {old} |",

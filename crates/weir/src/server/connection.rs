@@ -270,10 +270,6 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         Arc::clone(&budget),
         peer.into(),
     );
-    let writer = match outbox.spawn_writer() {
-        Ok(writer) => writer,
-        Err(err) => return tracing::warn!(peer, error = %err, "cannot start reply writer"),
-    };
     outbox.enter_reader();
     let ring = ThreadRing::enter()
         .inspect_err(
@@ -308,7 +304,7 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
     drop(reader);
     drop(ring);
     outbox.close();
-    let _ = writer.join();
+    outbox.join_writer();
 }
 
 /// Serve requests until the client leaves. `Ok` is a clean end, `Err` a

@@ -73,6 +73,9 @@ struct Queue {
     /// The writer thread was woken for what is queued; the reader leaves
     /// sending to it rather than hold up reading.
     writer_called: bool,
+    /// The writer thread runs (it starts when first called and ends after
+    /// `WRITER_IDLE_EXIT` without work).
+    writer_alive: bool,
     closed: bool,
 }
 
@@ -84,7 +87,13 @@ struct Socket {
     partial: Option<(Vec<Reply>, usize)>,
 }
 
+/// A writer thread with nothing to send for this long ends; a connection
+/// whose reader sends its own replies holds no second thread.
+const WRITER_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct Outbox {
+    me: std::sync::Weak<Outbox>,
+    writer: Mutex<Option<JoinHandle<()>>>,
     connection: u64,
     structured: bool,
     peer: String,
@@ -103,7 +112,9 @@ impl Outbox {
         peer: String,
     ) -> Arc<Self> {
         assert_ne!(connection, 0, "connection ids start at 1");
-        Arc::new(Outbox {
+        Arc::new_cyclic(|me| Outbox {
+            me: me.clone(),
+            writer: Mutex::new(None),
             connection,
             structured,
             peer,
@@ -112,6 +123,7 @@ impl Outbox {
                 replies: VecDeque::new(),
                 payload_bytes: 0,
                 writer_called: false,
+                writer_alive: false,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -128,25 +140,73 @@ impl Outbox {
         READER_OF.with(|r| r.set(self.connection));
     }
 
-    pub fn spawn_writer(self: &Arc<Self>) -> io::Result<JoinHandle<()>> {
-        let outbox = Arc::clone(self);
-        std::thread::Builder::new()
+    /// Wake the writer thread, starting it if none runs. The caller has
+    /// set `writer_called`.
+    fn wake_writer(&self) {
+        {
+            let mut queue = self.queue.lock();
+            if queue.writer_alive {
+                drop(queue);
+                self.ready.notify_one();
+                return;
+            }
+            queue.writer_alive = true;
+        }
+        let Some(outbox) = self.me.upgrade() else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
             .name("weir-reply".into())
-            .spawn(move || loop {
-                {
-                    let mut queue = outbox.queue.lock();
-                    // Called with nothing queued: the reader left a batch
-                    // it could only begin to send.
-                    let idle = |q: &Queue| q.replies.is_empty() && !q.writer_called;
-                    while idle(&queue) && !queue.closed {
-                        outbox.ready.wait(&mut queue);
-                    }
-                    if idle(&queue) && queue.closed {
+            .spawn(move || outbox.writer_loop());
+        match spawned {
+            Ok(handle) => {
+                // The one it replaces has ended: joining it is immediate.
+                if let Some(old) = self.writer.lock().replace(handle) {
+                    crate::join::join_unless_current(old);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(peer = self.peer, error = %err, "cannot start a reply writer; the reader sends");
+                let mut queue = self.queue.lock();
+                queue.writer_alive = false;
+                queue.writer_called = false;
+            }
+        }
+    }
+
+    fn writer_loop(&self) {
+        loop {
+            {
+                let mut queue = self.queue.lock();
+                // Called with nothing queued: the reader left a batch it
+                // could only begin to send.
+                let idle = |q: &Queue| q.replies.is_empty() && !q.writer_called;
+                while idle(&queue) && !queue.closed {
+                    if self
+                        .ready
+                        .wait_for(&mut queue, WRITER_IDLE_EXIT)
+                        .timed_out()
+                        && idle(&queue)
+                    {
+                        queue.writer_alive = false;
                         return;
                     }
                 }
-                outbox.drain();
-            })
+                if idle(&queue) && queue.closed {
+                    queue.writer_alive = false;
+                    return;
+                }
+            }
+            self.drain();
+        }
+    }
+
+    /// After `close`: wait for the writer thread, if one runs, to end.
+    pub fn join_writer(&self) {
+        let writer = self.writer.lock().take();
+        if let Some(writer) = writer {
+            let _ = writer.join();
+        }
     }
 
     pub fn push(&self, reply: Reply) {
@@ -164,7 +224,7 @@ impl Outbox {
             call
         };
         if call_writer {
-            self.ready.notify_one();
+            self.wake_writer();
         }
     }
 
@@ -191,7 +251,7 @@ impl Outbox {
     /// Hand what is left to the writer thread.
     fn call_writer(&self) {
         self.queue.lock().writer_called = true;
-        self.ready.notify_one();
+        self.wake_writer();
     }
 
     fn drain_locked(&self, mut socket: parking_lot::MutexGuard<'_, Socket>, blocking: bool) {

@@ -224,9 +224,10 @@ impl PoolData {
         if !results.is_empty() && results.iter().all(|(_, r)| r.is_ok()) {
             return self.log_batch_settled(group_index, batch, Ok(()));
         }
-        // A copy failed: faulting it writes labels, which waits.
+        // A copy failed: faulting it writes labels, which waits. Not on a
+        // pool worker: a flush on one may be waiting for this very batch.
         let pool = Arc::clone(self);
-        self.workers.run(Box::new(move || {
+        let settle: Box<dyn FnOnce() + Send> = Box::new(move || {
             // One result per member: its first failure, if any.
             let mut per_member: Vec<(usize, io::Result<()>)> = Vec::new();
             for (member, result) in results {
@@ -241,7 +242,21 @@ impl PoolData {
             }
             let settled = pool.settle_writes(group_index, per_member, "dirty log write");
             pool.log_batch_settled(group_index, batch, settled);
-        }));
+        });
+        let settle = Arc::new(Mutex::new(Some(settle)));
+        let run = |settle: &Mutex<Option<Box<dyn FnOnce() + Send>>>| {
+            if let Some(settle) = settle.lock().take() {
+                settle()
+            }
+        };
+        let on_thread = Arc::clone(&settle);
+        let spawned = std::thread::Builder::new()
+            .name("weir-log-fault".into())
+            .spawn(move || run(&on_thread));
+        if let Err(err) = spawned {
+            tracing::warn!(pool = self.name, error = %err, "cannot start a thread for a failed log write; handling it here");
+            run(&settle);
+        }
     }
 
     fn log_batch_settled(

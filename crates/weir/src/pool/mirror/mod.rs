@@ -4,9 +4,10 @@
 //!
 //! ```text
 //!  PoolVolume (a Store, volume.rs) ──> PoolData: groups striped by 1 MiB chunk
-//!     write.rs:    lock chunks ─> log bits durable (new regions) ─> data to every
-//!                  writable member ─> checksums in memory (persisted at FLUSH / FUA)
-//!     read.rs:     lock chunks shared ─> select.rs picks a copy (ONLINE, or
+//!     write.rs:    lock blocks ─> log bits durable (new regions, log_commit.rs)
+//!                  ─> data to every writable member ─> checksums in memory
+//!                  (persisted at FLUSH / FUA, flush_queue.rs)
+//!     read.rs:     lock blocks shared ─> select.rs picks a copy (ONLINE, or
 //!                  resilvered past the chunk) ─> verify every 4 KiB block ─> a
 //!                  bad block comes from another copy and is rewritten; an EIO
 //!                  is narrowed by halving; no good copy: EIO
@@ -19,8 +20,9 @@
 //! ```
 //!
 //! Every device I/O goes through the member's `sched::DeviceQueue` tagged
-//! with its class. Ops run on the pool's worker threads, which wait on the
-//! member devices; a clean read runs on the caller's thread instead.
+//! with its class. Requests are submitted from the caller's thread and
+//! continue in their completions; only steps that block (a flush, settling
+//! a failed write, healing a read) run on the pool's worker threads.
 
 mod flush_queue;
 mod health;
@@ -59,8 +61,7 @@ pub use health::Health;
 pub use repair::{CopyScrub, ScrubResult};
 pub use volume::PoolVolume;
 
-/// Threads per pool that run ops. Each waits on the devices for its op, so
-/// this bounds the pool's queue depth: clients commonly keep 32 in flight.
+/// Most threads a pool runs for steps that block (see `workers`).
 const WORKER_THREADS: usize = 64;
 /// Tables of the pool's block locks: one per chunk, modulo this, so that
 /// requests to different chunks rarely share one.
