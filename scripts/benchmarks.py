@@ -124,7 +124,12 @@ write rate is expected."""))
 dispatch is what is measured: fio's nbd engine with N jobs (N connections),
 each writing its own region, 128 KiB sequential writes at QD1 and 4 KiB random
 writes at QD32. The server's CPU seconds per GiB written come from /proc (user
-+ system), its thread count from the middle of each run."""))
++ system), its thread count from the middle of each run: weir's own threads,
+and apart from them the kernel's io_uring workers (`iou-wrk`), which the
+kernel starts for writes it cannot issue without blocking (tmpfs files) and
+ends when idle. Where a baseline build is shown, it is the last build whose
+pool ran every write on a pool of up to 64 threads that each waited for the
+devices (commit 08887e8), served beside the current one in the same rounds."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device

@@ -180,6 +180,27 @@ impl DirtyLog {
         newly
     }
 
+    /// Regions a sequential writer reaches next. For each newly dirty
+    /// region that follows a dirty one, the next `ahead` regions (below
+    /// `end`) are set too, so that one durable write of the log covers
+    /// several regions of the stream; returns those newly set. Setting a
+    /// bit early costs no more than recovering that region after a crash,
+    /// and a flush clears it if no write came.
+    pub fn mark_ahead(&mut self, newly: &[u64], ahead: u64, end: u64) -> Vec<u64> {
+        let mut marked = Vec::new();
+        for &region in newly {
+            if region == 0 || !self.dirty.contains(&(region - 1)) {
+                continue;
+            }
+            for next in region + 1..(region + 1 + ahead).min(end) {
+                if self.dirty.insert(next) {
+                    marked.push(next);
+                }
+            }
+        }
+        marked
+    }
+
     /// The write that `before_write(regions)` announced has completed.
     /// Its regions count as written in the interval it completed in too:
     /// a flush that captured checksum pages before this completion did not
@@ -270,6 +291,29 @@ impl DirtyLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_region_that_continues_a_dirty_one_marks_ahead_and_never_past_the_end() {
+        let mut log = DirtyLog::default();
+        let newly = log.before_write([10]);
+        assert_eq!(
+            log.mark_ahead(&newly, 4, 100),
+            Vec::<u64>::new(),
+            "no dirty predecessor"
+        );
+        let newly = log.before_write([11]);
+        assert_eq!(log.mark_ahead(&newly, 4, 100), vec![12, 13, 14, 15]);
+        assert!(log.before_write([12]).is_empty(), "already durable-marked");
+        let newly = log.before_write([16]);
+        assert_eq!(log.mark_ahead(&newly, 4, 18), vec![17], "stops at the end");
+        log.after_write([10, 11, 12, 16]);
+        // Marked but never written: the next flush clears them; the
+        // written ones wait for the flush after it, as always.
+        let first = log.start_flush();
+        assert_eq!(log.after_flush(&first), vec![13, 14, 15, 17]);
+        let second = log.start_flush();
+        assert_eq!(log.after_flush(&second), vec![10, 11, 12, 16]);
+    }
 
     #[test]
     fn checksum_entries_round_trip_and_verify() {

@@ -47,7 +47,7 @@ pub(super) enum ReadSource {
 
 impl PoolData {
     /// Read `out` at `logical`, verified; true if every block is a zero
-    /// block. The caller holds the chunks it covers.
+    /// block. The caller holds the blocks it covers.
     fn read_locked(
         &self,
         logical: u64,
@@ -66,7 +66,7 @@ impl PoolData {
     }
 
     /// The read that may need a worker: several pieces, background
-    /// classes, or healing. Its chunks are held shared before a worker
+    /// classes, or healing. Its blocks are held shared before a worker
     /// takes it, so that no worker waits on a lock.
     pub(super) fn read_submit(
         self: &Arc<Self>,
@@ -77,14 +77,9 @@ impl PoolData {
         done: Completion,
     ) {
         let pieces = self.stripe.map(logical, buf.len() as u64);
-        let (start, end) = self.block_keys(&pieces);
-        let pool = Arc::clone(self);
-        self.locks.lock_then(
-            start,
-            end,
-            false,
-            Box::new(move |chunks| pool.read_on_worker(logical, buf, class, source, chunks, done)),
-        );
+        self.hold_blocks(&pieces, false, move |pool, blocks| {
+            pool.read_on_worker(logical, buf, class, source, blocks, done)
+        });
     }
 
     /// Read and wait, by the path the server would take: for tests.
@@ -114,13 +109,13 @@ impl PoolData {
         buf: AlignedBuf,
         class: IoClass,
         source: ReadSource,
-        chunks: ShardedGuard,
+        blocks: ShardedGuard,
         done: Completion,
     ) {
         let pool = Arc::clone(&self);
         pool.workers.run(Box::new(move || {
             let outcome = self.read_outcome(logical, buf, class, &source);
-            drop(chunks);
+            drop(blocks);
             // The last reference to the pool never drops on a worker:
             // closing the pool waits for them.
             drop(self);
@@ -347,16 +342,9 @@ impl PoolData {
         let [piece] = pieces[..] else {
             return self.read_submit(logical, buf, IoClass::SyncRead, source, done);
         };
-        let (start, end) = self.block_keys(&pieces);
-        let pool = Arc::clone(self);
-        self.locks.lock_then(
-            start,
-            end,
-            false,
-            Box::new(move |chunks| {
-                pool.read_one_piece(logical, piece, buf, requester, chunks, done)
-            }),
-        );
+        self.hold_blocks(&pieces, false, move |pool, blocks| {
+            pool.read_one_piece(logical, piece, buf, requester, blocks, done)
+        });
     }
 
     fn read_one_piece(
@@ -365,7 +353,7 @@ impl PoolData {
         piece: Piece,
         buf: AlignedBuf,
         requester: u64,
-        chunks: ShardedGuard,
+        blocks: ShardedGuard,
         done: Completion,
     ) {
         let group = &self.groups[piece.group];
@@ -375,7 +363,7 @@ impl PoolData {
         if sums.iter().all(|s| *s == BlockSum::Zero) {
             let mut buf = buf;
             buf.as_mut_slice().fill(0);
-            drop(chunks);
+            drop(blocks);
             drop(self);
             return done(Outcome {
                 result: Ok(()),
@@ -386,7 +374,7 @@ impl PoolData {
         let readable = group.readable_at(piece.data_offset / CHUNK_BYTES);
         let Some((position, choice)) = self.choose_copy(&piece, &readable, requester) else {
             let source = ReadSource::Client { requester };
-            return self.read_on_worker(logical, buf, IoClass::SyncRead, source, chunks, done);
+            return self.read_on_worker(logical, buf, IoClass::SyncRead, source, blocks, done);
         };
         let (member_index, member) = &readable[position];
         let member_index = *member_index;
@@ -417,7 +405,7 @@ impl PoolData {
                 let latency_ns = started.elapsed().as_nanos() as u64;
                 self.copy_read_done(piece.group, choice, latency_ns, bad_data);
                 if verified {
-                    drop(chunks);
+                    drop(blocks);
                     drop(self);
                     return done(outcome);
                 }
@@ -428,7 +416,7 @@ impl PoolData {
                     .take()
                     .unwrap_or_else(|| AlignedBuf::new(piece.length as usize));
                 let source = ReadSource::Member(member_index);
-                self.read_on_worker(logical, buf, IoClass::SyncRead, source, chunks, done);
+                self.read_on_worker(logical, buf, IoClass::SyncRead, source, blocks, done);
             }),
         );
     }

@@ -2,12 +2,12 @@
 //!
 //! ```text
 //!  submit (caller's thread): checksums of the new blocks
-//!    └─> hold the chunks (range lock; granted now, or on the releasing thread)
+//!    └─> hold the blocks (range lock; granted now, or on the releasing thread)
 //!         └─> log bits: already durable ──────────────┐
 //!             newly dirty: made durable (slow path) ───┤
 //!                                                       v
 //!             data to every writable copy at once ─> last completion, wherever it
-//!             lands: checksums in memory, release the chunks, answer (FUA: flush
+//!             lands: checksums in memory, release the blocks, answer (FUA: flush
 //!             the groups first)
 //! ```
 //!
@@ -32,6 +32,12 @@ use crate::pool::integrity::BlockSum;
 use crate::range_lock::ShardedGuard;
 use crate::sched::IoClass;
 
+/// Regions a sequential writer's log bits are set ahead of it (see
+/// `DirtyLog::mark_ahead`): one durable log write per 8 MiB of a stream
+/// rather than per 1 MiB region, and at most 8 MiB more to recover per
+/// stream after a crash.
+const LOG_AHEAD_REGIONS: u64 = 8;
+
 /// Log bits a write set that were clear: (group, regions, log version).
 type Announced = Vec<(usize, Vec<u64>, u64)>;
 
@@ -42,7 +48,7 @@ struct WriteInFlight {
     /// Per piece, the checksum of each of its blocks.
     sums: Vec<Vec<BlockSum>>,
     durable: bool,
-    chunks: ShardedGuard,
+    blocks: ShardedGuard,
     done: Completion,
 }
 
@@ -71,6 +77,24 @@ impl PoolData {
         (low, high)
     }
 
+    /// Hold the blocks `pieces` cover (`exclusive` for writes), then run
+    /// `then`: now, or on the thread that releases them.
+    pub(super) fn hold_blocks(
+        self: &Arc<Self>,
+        pieces: &[Piece],
+        exclusive: bool,
+        then: impl FnOnce(Arc<Self>, ShardedGuard) + Send + 'static,
+    ) {
+        let (start, end) = self.block_keys(pieces);
+        let pool = Arc::clone(self);
+        self.locks.lock_then(
+            start,
+            end,
+            exclusive,
+            Box::new(move |held| then(pool, held)),
+        );
+    }
+
     /// The lock keys of one chunk of one group.
     pub(super) fn chunk_keys(&self, group: usize, chunk: u64) -> (u64, u64) {
         let first = (chunk * self.stripe.groups as u64 + group as u64) * BLOCKS_PER_CHUNK;
@@ -85,7 +109,7 @@ impl PoolData {
     /// Write `buf` at `logical` and run `done` once every writable copy
     /// has it (with `durable`, once it is on stable storage: FUA). The
     /// caller's thread computes the checksums and submits; the rest runs
-    /// where the chunks are released or the device writes complete.
+    /// where the blocks are released or the device writes complete.
     pub(super) fn write_submit(
         self: &Arc<Self>,
         logical: u64,
@@ -105,25 +129,17 @@ impl PoolData {
                     .collect()
             })
             .collect();
-        let (start, end) = self.block_keys(&pieces);
-        let pool = Arc::clone(self);
-        self.locks.lock_then(
-            start,
-            end,
-            true,
-            Box::new(move |chunks| {
-                let write = WriteInFlight {
-                    pool: Arc::clone(&pool),
-                    pieces,
-                    sums,
-                    durable,
-                    chunks,
-                    done,
-                };
-                drop(pool);
-                write.announce_then_submit(buf);
-            }),
-        );
+        self.hold_blocks(&pieces.clone(), true, move |pool, blocks| {
+            let write = WriteInFlight {
+                pool,
+                pieces,
+                sums,
+                durable,
+                blocks,
+                done,
+            };
+            write.announce_then_submit(buf);
+        });
     }
 
     /// Write and wait: for tests and for callers off the data path.
@@ -145,8 +161,11 @@ impl PoolData {
         let mut newly = Vec::new();
         for piece in pieces {
             let mut state = self.groups[piece.group].state.lock();
-            let regions = state.log.before_write(Self::regions_of(piece));
+            let mut regions = state.log.before_write(Self::regions_of(piece));
             if !regions.is_empty() {
+                let end = self.stripe.chunks_per_group;
+                let ahead = state.log.mark_ahead(&regions, LOG_AHEAD_REGIONS, end);
+                regions.extend(ahead);
                 state.log_version += 1;
                 newly.push((piece.group, regions, state.log_version));
             }
@@ -225,7 +244,7 @@ impl PoolData {
     /// reads, so the block reads back instead of failing everywhere; reads
     /// and the scrub heal the other copies. A copy holding neither old nor
     /// new bytes is corrupt and is never the source while another will do.
-    /// The caller holds the chunks.
+    /// The caller holds the blocks.
     fn settle_failed_blocks(&self, piece: &Piece, written: &[BlockSum]) {
         let group = &self.groups[piece.group];
         let ops = group
@@ -279,34 +298,27 @@ impl PoolData {
     /// where newly set) and the checksums.
     pub(super) fn zero_submit(self: &Arc<Self>, logical: u64, length: u64, done: Completion) {
         let pieces = self.stripe.map(logical, length);
-        let (start, end) = self.block_keys(&pieces);
-        let pool = Arc::clone(self);
-        self.locks.lock_then(
-            start,
-            end,
-            true,
-            Box::new(move |chunks| {
-                let newly = pool.log_before_write(&pieces);
-                let finish =
-                    move |pool: Arc<PoolData>, pieces: Vec<Piece>, persisted: io::Result<()>| {
-                        if persisted.is_ok() {
-                            pool.record_zeroes(&pieces);
-                        }
-                        drop(chunks);
-                        drop(pool);
-                        done(Outcome::done(persisted));
-                    };
-                if newly.is_empty() {
-                    return finish(pool, pieces, Ok(()));
-                }
-                let job_pool = Arc::clone(&pool);
-                pool.persist_announced(
-                    &pieces.clone(),
-                    newly,
-                    Box::new(move |persisted| finish(job_pool, pieces, persisted)),
-                );
-            }),
-        );
+        self.hold_blocks(&pieces.clone(), true, move |pool, blocks| {
+            let newly = pool.log_before_write(&pieces);
+            let finish =
+                move |pool: Arc<PoolData>, pieces: Vec<Piece>, persisted: io::Result<()>| {
+                    if persisted.is_ok() {
+                        pool.record_zeroes(&pieces);
+                    }
+                    drop(blocks);
+                    drop(pool);
+                    done(Outcome::done(persisted));
+                };
+            if newly.is_empty() {
+                return finish(pool, pieces, Ok(()));
+            }
+            let job_pool = Arc::clone(&pool);
+            pool.persist_announced(
+                &pieces.clone(),
+                newly,
+                Box::new(move |persisted| finish(job_pool, pieces, persisted)),
+            );
+        });
     }
 
     /// Zero and wait: for tests.
@@ -345,7 +357,7 @@ impl PoolData {
 }
 
 impl WriteInFlight {
-    /// With the chunks held: the log bits, then the data.
+    /// With the blocks held: the log bits, then the data.
     fn announce_then_submit(self, buf: AlignedBuf) {
         let newly = self.pool.log_before_write(&self.pieces);
         if newly.is_empty() {
@@ -383,7 +395,10 @@ impl WriteInFlight {
         }));
         // The last copy of a one-piece write takes the client's buffer;
         // the others get their own, as each device write owns its buffer.
+        // Every buffer is ready before the first write goes out, so that
+        // the copies' writes leave together.
         let mut buf = Some(buf);
+        let mut writes = Vec::with_capacity(count);
         for (k, (piece, member, attached)) in targets.into_iter().enumerate() {
             let data = match buf.take() {
                 Some(whole) if pieces.len() == 1 && k + 1 == count => whole,
@@ -403,6 +418,9 @@ impl WriteInFlight {
                 buf: data,
                 durable: false,
             };
+            writes.push((piece.group, member, attached, op));
+        }
+        for (group, member, attached, op) in writes {
             let countdown = Arc::clone(&countdown);
             // A client waits for every write (write-through), so all are
             // sync-write; async-write is for write-back.
@@ -412,9 +430,7 @@ impl WriteInFlight {
                 Box::new(move |outcome| {
                     let last = {
                         let mut countdown = countdown.lock();
-                        countdown
-                            .results
-                            .push((piece.group, member, outcome.result));
+                        countdown.results.push((group, member, outcome.result));
                         countdown.left -= 1;
                         (countdown.left == 0).then(|| {
                             let results = std::mem::take(&mut countdown.results);
@@ -431,7 +447,12 @@ impl WriteInFlight {
 
     /// Every device write completed, `results` says how.
     fn finish(self, results: Vec<(usize, usize, io::Result<()>)>) {
-        if !results.is_empty() && results.iter().all(|(_, _, r)| r.is_ok()) {
+        // Every group the write touched took it on some copy, and no copy
+        // failed: the common case, finished here.
+        let every_group = PoolData::touched_groups(&self.pieces)
+            .iter()
+            .all(|g| results.iter().any(|(group, _, _)| group == g));
+        if every_group && results.iter().all(|(_, _, r)| r.is_ok()) {
             self.pool.record_sums(&self.pieces, &self.sums);
             return self.written();
         }
@@ -467,16 +488,16 @@ impl WriteInFlight {
     }
 
     /// The data is on every copy and its checksums are in memory: release
-    /// the chunks and answer; FUA flushes the groups first.
+    /// the blocks and answer; FUA flushes the groups first.
     fn written(self) {
         let WriteInFlight {
             pool,
             durable,
-            chunks,
+            blocks,
             done,
             ..
         } = self;
-        drop(chunks);
+        drop(blocks);
         if !durable {
             drop(pool);
             return done(Outcome::done(Ok(())));
@@ -486,9 +507,9 @@ impl WriteInFlight {
 
     fn answer(self, result: io::Result<()>) {
         let WriteInFlight {
-            pool, chunks, done, ..
+            pool, blocks, done, ..
         } = self;
-        drop(chunks);
+        drop(blocks);
         // The last reference to the pool never drops here: closing it
         // waits for its workers, and this may be one.
         drop(pool);

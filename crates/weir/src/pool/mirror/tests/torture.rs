@@ -9,6 +9,7 @@
 //! - power losses that drop or tear unflushed writes in any order, and
 //!   kill -9 (completed writes stay);
 //! - a write still in flight across two flushes, then a crash;
+//! - writes to disjoint ranges at once, from threads, beside a flush;
 //! - a member that vanishes and is replaced, and one that misses a run of
 //!   the server and returns stale (it is rebuilt, a chunk per step, while
 //!   the workload goes on);
@@ -517,6 +518,18 @@ impl Run {
             }
             std::thread::yield_now();
         }
+        // The copies' writes leave together; let the rest of them arrive.
+        // (One that arrives after the second flush only waits for the
+        // deadline below.)
+        let mut seen = gate.held();
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let now = gate.held();
+            if now == seen || finished.load(Ordering::SeqCst) {
+                break;
+            }
+            seen = now;
+        }
         let flushed = pool.flush_all();
         let watched = Arc::clone(&finished);
         gate.arm(move || {
@@ -542,6 +555,53 @@ impl Run {
             .push(format!("write {first}+{count} held across two flushes"));
         if self.rng.below(2) == 0 {
             self.crash_and_recover()?;
+        }
+        Ok(())
+    }
+
+    /// Writes to disjoint ranges at once, from threads, sometimes with a
+    /// flush beside them: writers that newly dirty log regions share the
+    /// log's writes, and requests cross chunk and group boundaries.
+    fn concurrent_writes(&mut self) -> Result<(), String> {
+        let mut writes: Vec<(u64, Vec<u8>, bool)> = Vec::new();
+        for _ in 0..2 + self.rng.below(4) {
+            let (first, count) = self.random_range(64);
+            let apart = writes.iter().all(|(f, d, _)| {
+                let c = (d.len() / BLOCK) as u64;
+                first + count <= *f || f + c <= first
+            });
+            if apart {
+                let durable = self.rng.below(4) == 0;
+                writes.push((first, self.random_data(count), durable));
+            }
+        }
+        let with_flush = self.rng.below(2) == 0;
+        let pool = Arc::clone(self.pool());
+        let writers: Vec<_> = writes
+            .iter()
+            .cloned()
+            .map(|(first, data, durable)| {
+                let pool = Arc::clone(&pool);
+                std::thread::spawn(move || pool.write(first * DATA_BLOCK_BYTES, &data, durable))
+            })
+            .collect();
+        let flushed = with_flush.then(|| pool.flush_all());
+        let mut results = Vec::new();
+        for writer in writers {
+            results.push(writer.join().map_err(|_| "a writer panicked".to_string())?);
+        }
+        if let Some(flushed) = flushed {
+            flushed.map_err(|e| format!("flush beside writes failed: {e}"))?;
+            // It covers everything before the writes; each of them may or
+            // may not be in it.
+            self.reference.flush();
+            self.history.push("flush beside the writes below".into());
+        }
+        for ((first, data, durable), result) in writes.iter().zip(results) {
+            let count = data.len() / BLOCK;
+            self.history
+                .push(format!("concurrent write {first}+{count} fua={durable}"));
+            self.settle_write(*first, data, *durable, result)?;
         }
         Ok(())
     }
@@ -666,7 +726,7 @@ impl Run {
     fn step(&mut self) -> Result<(), String> {
         let quiet = self.vanished.is_none() && self.absent.is_none() && self.rebuilding.is_none();
         match self.rng.below(120) {
-            0..=39 => {
+            0..=35 => {
                 let (first, count) = self.random_range(32);
                 let data = self.random_data(count);
                 let durable = self.rng.below(4) == 0;
@@ -674,6 +734,7 @@ impl Run {
                     .push(format!("write {first}+{count} fua={durable}"));
                 self.write(first, &data, durable)?;
             }
+            36..=39 => self.concurrent_writes()?,
             40..=64 => {
                 let (first, count) = self.random_range(64);
                 self.check_read(first, count)?;
