@@ -118,7 +118,10 @@ order."""))
 qemu-nbd on it), all on the same disk; then a mirror of two `model:nvme`
 devices against one, where 1 MiB sequential reads should use both copies.
 Writes to a mirror go to both copies and wait for both, so up to half the raw
-write rate is expected."""))
+write rate is expected when the disk is the limit. Where a baseline build is
+shown, it is commit 08887e8 (every pool write on a pool of up to 64 threads that
+each waited for the devices), served beside the current build in the same
+rounds."""))
     parts.append(section(os.path.join(RESULTS, "pool-scaling.md"), "Pools: writes by connection count",
                          """A 2-way mirror pool whose members are files in `/dev/shm`, so the server's own
 dispatch is what is measured: fio's nbd engine with N jobs (N connections),
