@@ -4,12 +4,11 @@
 //! of flushes from many connections costs two flushes and one thread, not
 //! a thread each.
 
-use std::io;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::PoolData;
+use super::{copy_error, PoolData};
 use crate::device::{Completion, Outcome};
 
 #[derive(Default)]
@@ -21,16 +20,6 @@ pub(super) struct FlushQueue {
 struct Waiting {
     running: bool,
     flushes: Vec<Completion>,
-}
-
-fn copy_result(result: &io::Result<()>) -> io::Result<()> {
-    match result {
-        Ok(()) => Ok(()),
-        Err(err) => Err(match err.raw_os_error() {
-            Some(errno) => io::Error::from_raw_os_error(errno),
-            None => io::Error::new(err.kind(), err.to_string()),
-        }),
-    }
 }
 
 impl PoolData {
@@ -63,7 +52,9 @@ impl PoolData {
                 pool = None;
             }
             for done in batch.drain(..) {
-                done(Outcome::done(copy_result(&result)));
+                done(Outcome::done(
+                    result.as_ref().map(|_| ()).map_err(copy_error),
+                ));
             }
             match next {
                 Some(more) => batch = more,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{PoolData, PAGE_BYTES};
+use super::{copy_error, PoolData, PAGE_BYTES};
 use crate::device::{AlignedBuf, DeviceOp};
 use crate::sched::IoClass;
 
@@ -57,13 +57,6 @@ struct Batch {
     durable: bool,
     version: u64,
     requests: Vec<LogRequest>,
-}
-
-fn copy_error(err: &io::Error) -> io::Error {
-    match err.raw_os_error() {
-        Some(errno) => io::Error::from_raw_os_error(errno),
-        None => io::Error::new(err.kind(), err.to_string()),
-    }
 }
 
 impl PoolData {

@@ -184,6 +184,15 @@ fn io_err(what: String) -> io::Error {
     io::Error::other(what)
 }
 
+/// The same error again, for each of several waiters; the errno is kept,
+/// as it is what a client is told.
+fn copy_error(err: &io::Error) -> io::Error {
+    match err.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::new(err.kind(), err.to_string()),
+    }
+}
+
 fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
