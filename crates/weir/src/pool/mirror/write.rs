@@ -11,9 +11,10 @@
 //!             the groups first)
 //! ```
 //!
-//! Only the rare steps block, and they run on the pool's worker threads:
-//! making a newly dirty log bit durable, a flush for FUA, and settling a
-//! write that failed on a copy.
+//! A newly dirty log bit joins the group's log queue (log_commit.rs) and
+//! the write continues in that queue's completion. Only two rare steps
+//! block, on the pool's worker threads: a flush for FUA (flush_queue.rs)
+//! and settling a write that failed on a copy.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -56,7 +57,6 @@ struct WriteInFlight {
 struct Countdown {
     /// (group, member, result) of each completed device write.
     results: Vec<(usize, usize, io::Result<()>)>,
-    left: usize,
     write: Option<WriteInFlight>,
 }
 
@@ -390,7 +390,6 @@ impl WriteInFlight {
         let count = targets.len();
         let countdown = Arc::new(Mutex::new(Countdown {
             results: Vec::with_capacity(count),
-            left: count,
             write: Some(self),
         }));
         // The last copy of a one-piece write takes the client's buffer;
@@ -431,8 +430,7 @@ impl WriteInFlight {
                     let last = {
                         let mut countdown = countdown.lock();
                         countdown.results.push((group, member, outcome.result));
-                        countdown.left -= 1;
-                        (countdown.left == 0).then(|| {
+                        (countdown.results.len() == count).then(|| {
                             let results = std::mem::take(&mut countdown.results);
                             (results, countdown.write.take().expect("finished once"))
                         })
