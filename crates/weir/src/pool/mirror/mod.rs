@@ -131,6 +131,10 @@ struct GroupState {
     log: DirtyLog,
     /// Bumped whenever a region becomes newly dirty.
     log_version: u64,
+    /// The `log_version` at which each region set since import became
+    /// dirty: a write to it may start once an image at least that recent
+    /// is durable, whoever set the bit.
+    bit_versions: std::collections::HashMap<u64, u64>,
     /// Per log block: the `log_version` its last durable image included.
     /// A writer whose bits an earlier durable image already carried skips
     /// its own write (group commit for sequential writers).
@@ -278,6 +282,7 @@ impl PoolData {
                     dirty_pages: BTreeSet::new(),
                     log: DirtyLog::default(),
                     log_version: 0,
+                    bit_versions: Default::default(),
                     log_durable: Default::default(),
                 }),
                 metadata_io: Mutex::new(()),
@@ -300,6 +305,7 @@ impl PoolData {
                 dirty_pages: loaded.heal_pages,
                 log: DirtyLog::from_disk(dirty),
                 log_version: 0,
+                bit_versions: Default::default(),
                 log_durable: Default::default(),
             };
             opened.push(group);

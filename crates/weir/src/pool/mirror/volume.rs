@@ -56,7 +56,9 @@ impl Store for PoolVolume {
                 };
                 self.pool.read_submit(at, buf, class, source, done)
             }
-            DeviceOp::Write { buf, durable, .. } => self.pool.write_submit(at, buf, durable, done),
+            DeviceOp::Write { buf, durable, .. } => {
+                self.pool.write_submit(at, buf, durable, class, done)
+            }
             DeviceOp::Discard { length, .. } | DeviceOp::WriteZeroes { length, .. } => {
                 self.pool.zero_submit(at, length, done)
             }

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use super::io_ops::run_all;
 #[cfg(test)]
 use super::io_ops::wait;
-use super::log_commit::LogDone;
+use super::log_commit::{LogDone, LOG_BITS_PER_PAGE};
 use super::{PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
@@ -49,6 +49,9 @@ struct WriteInFlight {
     /// Per piece, the checksum of each of its blocks.
     sums: Vec<Vec<BlockSum>>,
     durable: bool,
+    /// A client waiting on the write is sync-write; write-back from a
+    /// cache is async-write, below client I/O in the device queues.
+    class: IoClass,
     blocks: ShardedGuard,
     done: Completion,
 }
@@ -115,6 +118,7 @@ impl PoolData {
         logical: u64,
         buf: AlignedBuf,
         durable: bool,
+        class: IoClass,
         done: Completion,
     ) {
         let pieces = self.stripe.map(logical, buf.len() as u64);
@@ -135,6 +139,7 @@ impl PoolData {
                 pieces,
                 sums,
                 durable,
+                class,
                 blocks,
                 done,
             };
@@ -152,22 +157,45 @@ impl PoolData {
     ) -> io::Result<()> {
         let mut buf = AlignedBuf::new(data.len());
         buf.as_mut_slice().copy_from_slice(data);
-        wait(|done| self.write_submit(logical, buf, durable, done)).result
+        wait(|done| self.write_submit(logical, buf, durable, IoClass::SyncWrite, done)).result
     }
 
-    /// Set the log bits of the regions `pieces` touch; the ones that were
-    /// clear must be made durable (`persist_announced`) before data moves.
+    /// Set the log bits of the regions `pieces` touch. The ones that were
+    /// clear, and the ones another write set whose image is not durable
+    /// yet, must be on disk (`persist_announced`) before data moves: a
+    /// crash must never find new data in a region its log does not name.
     fn log_before_write(&self, pieces: &[Piece]) -> Announced {
         let mut newly = Vec::new();
         for piece in pieces {
             let mut state = self.groups[piece.group].state.lock();
-            let mut regions = state.log.before_write(Self::regions_of(piece));
+            let touched = Self::regions_of(piece);
+            let mut regions = state.log.before_write(touched.iter().copied());
+            // Bits another write set may still be on their way to disk:
+            // this write also waits for the image that carries them.
+            let pending = touched
+                .iter()
+                .filter(|region| !regions.contains(region))
+                .filter_map(|region| {
+                    let set_at = *state.bit_versions.get(region)?;
+                    let page = region / LOG_BITS_PER_PAGE;
+                    let durable_at = state.log_durable.get(&page).copied().unwrap_or(0);
+                    (durable_at < set_at).then_some((*region, set_at))
+                })
+                .collect::<Vec<_>>();
+            if let Some(version) = pending.iter().map(|(_, v)| *v).max() {
+                let waiting = pending.into_iter().map(|(r, _)| r).collect();
+                newly.push((piece.group, waiting, version));
+            }
             if !regions.is_empty() {
                 let end = self.stripe.chunks_per_group;
                 let ahead = state.log.mark_ahead(&regions, LOG_AHEAD_REGIONS, end);
                 regions.extend(ahead);
                 state.log_version += 1;
-                newly.push((piece.group, regions, state.log_version));
+                let version = state.log_version;
+                for &region in &regions {
+                    state.bit_versions.insert(region, version);
+                }
+                newly.push((piece.group, regions, version));
             }
         }
         newly
@@ -419,12 +447,11 @@ impl WriteInFlight {
             };
             writes.push((piece.group, member, attached, op));
         }
+        let class = countdown.lock().write.as_ref().expect("set above").class;
         for (group, member, attached, op) in writes {
             let countdown = Arc::clone(&countdown);
-            // A client waits for every write (write-through), so all are
-            // sync-write; async-write is for write-back.
             attached.queue.submit(
-                IoClass::SyncWrite,
+                class,
                 op,
                 Box::new(move |outcome| {
                     let last = {

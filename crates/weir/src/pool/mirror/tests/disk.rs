@@ -26,8 +26,8 @@ struct State {
     /// (forward if that fits, else backward).
     misdirect: Option<(u64, u64, u64)>,
     vanished: bool,
-    /// Writes at or past this offset wait in `gate` instead of completing.
-    hold_from: Option<u64>,
+    /// Writes starting in this range wait in `gate` instead of completing.
+    hold: Option<(u64, u64)>,
     /// Pages written or reserved: a sparse file's allocation.
     allocated: BTreeSet<u64>,
     /// With a limit, a write that needs more pages lands up to the first
@@ -72,7 +72,7 @@ impl Gate {
             return;
         }
         for (disk, op, done) in held {
-            disk.state.lock().hold_from = None;
+            disk.state.lock().hold = None;
             disk.submit(op, done);
         }
         if let Some(hook) = self.after_release.lock().take() {
@@ -103,14 +103,19 @@ impl SimDisk {
 
     /// Stop holding writes (those held stay held until their gate opens).
     pub fn release_hold(&self) {
-        self.state.lock().hold_from = None;
+        self.state.lock().hold = None;
         *self.gate.lock() = None;
     }
 
     /// Hold the next writes at or past `offset` in `gate` until a flush
     /// reaches any disk of the gate.
     pub fn hold_writes(self: &Arc<Self>, gate: &Arc<Gate>, offset: u64) {
-        self.state.lock().hold_from = Some(offset);
+        self.hold_writes_in(gate, offset, u64::MAX);
+    }
+
+    /// As `hold_writes`, for writes starting in `[start, end)` only.
+    pub fn hold_writes_in(self: &Arc<Self>, gate: &Arc<Gate>, start: u64, end: u64) {
+        self.state.lock().hold = Some((start, end));
         *self.gate.lock() = Some((Arc::clone(gate), Arc::downgrade(self)));
     }
 
@@ -248,7 +253,7 @@ impl Device for SimDisk {
         let gate = self.gate.lock().clone();
         if let Some((gate, me)) = gate {
             let held = matches!(op, DeviceOp::Write { offset, .. }
-                if self.state.lock().hold_from.is_some_and(|from| offset >= from));
+                if self.state.lock().hold.is_some_and(|(start, end)| (start..end).contains(&offset)));
             if held {
                 let me = me.upgrade().expect("a disk outlives its ops");
                 gate.held.lock().push((me, op, done));

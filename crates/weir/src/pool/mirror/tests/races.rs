@@ -137,3 +137,45 @@ fn concurrent_writes_zeroes_and_flushes_over_the_same_blocks_keep_every_copy_in_
     let recovered = read(&pool, 0, length).expect("every block reads after recovery");
     assert!(recovered == settled, "flushed data changed across a crash");
 }
+
+/// Two writes to one dirty-log region: the first sets the region's bit
+/// and writes the log; the second finds the bit already set in memory.
+/// Its data must still wait until the log write that carries the bit is
+/// durable, or a crash in between leaves new data under old checksums in
+/// a region that recovery does not visit.
+#[test]
+fn a_write_waits_for_its_regions_log_bit_to_be_durable_when_another_write_set_it() {
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    let regions = crate::pool::geometry::DeviceRegions::plan(super::DISK_BYTES).expect("fits");
+    let gate = Arc::new(Gate::default());
+    for disk in &fixture.disks {
+        let (log_at, log_bytes) = regions.dirty_log;
+        disk.hold_writes_in(&gate, log_at, log_at + log_bytes);
+    }
+    let block = DATA_BLOCK_BYTES as usize;
+    let first = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.write(0, &pattern(1, block), false))
+    };
+    // The log page, on both copies.
+    wait_until("the first write's log write held", || gate.held() == 2);
+    let second = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.write(DATA_BLOCK_BYTES, &pattern(2, block), false))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let at = fixture.data_start() + DATA_BLOCK_BYTES;
+    for disk in &fixture.disks {
+        assert!(
+            disk.peek(at, block) != pattern(2, block),
+            "the second write reached a disk before its region's log bit was durable"
+        );
+    }
+    gate.open_now();
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    for disk in &fixture.disks {
+        assert!(disk.peek(at, block) == pattern(2, block));
+    }
+}
