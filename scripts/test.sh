@@ -33,6 +33,8 @@ echo "== unit tests"
 cargo test --all
 echo "== pool torture test: 3000 more seeds, optimised"
 WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=3000 cargo test --release -p weir --lib every_seed_keeps_flushed_data
+echo "== write-back cache torture test: 5000 seeds, optimised"
+WEIR_CACHE_SEEDS=5000 cargo test --release -p weir --lib every_seed_keeps_flushed_writes
 echo "== building the release binary for integration tests"
 cargo build --release
 export WEIR_BIN="$PWD/target/release/weir"
@@ -40,5 +42,5 @@ echo "== integration tests (real clients against $WEIR_BIN)"
 cd tests/integration
 # libnbd's python module lives in Debian's python, not in pyenv's.
 PYENV_VERSION=system /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
-  test_clients test_protocol test_filesystem test_models test_pool test_durability test_readme
+  test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readme
 echo "== all tests passed"

@@ -4,6 +4,7 @@ damaged label copy, a missing member)."""
 
 import json
 import os
+import subprocess
 import signal
 import tempfile
 import threading
@@ -35,6 +36,23 @@ class PoolTest(unittest.TestCase):
         with open(path, "wb") as f:
             f.truncate(size)
         return path
+
+    def pool_on_a_small_tmpfs(self):
+        """A mirror pool of two sparse 128 MiB files on a 160 MiB tmpfs,
+        with a 100 MiB volume tank/disk: writes fill the file system."""
+        full = tempfile.mkdtemp(prefix="weir-full-")
+        self.addCleanup(os.rmdir, full)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160M", "tmpfs", full],
+                                 capture_output=True, text=True)
+        if mounted.returncode != 0:
+            self.skipTest(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        self.addCleanup(subprocess.run, ["umount", "-l", full])
+        a, b = os.path.join(full, "a.img"), os.path.join(full, "b.img")
+        for path in (a, b):
+            with open(path, "wb") as f:
+                f.truncate(128 * MIB)
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "100M")
 
     def weir(self, *args, check=True):
         return run(WEIR, "pool", *args, "--data-dir", self.data, check=check, timeout=60)

@@ -10,12 +10,19 @@
 //! log_level = "info"
 //! admin = "127.0.0.1:10810"     # "none": no admin endpoint
 //! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
+//! cache = "writeback"            # writeback | writethrough, for every volume
+//! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
 //!
 //! [[export]]
 //! name = "disk"
 //! device = "/dev/sdb"            # PATH, file:PATH or mem:SIZE
 //! readonly = false
 //! description = "scratch disk"
+//! cache = "writethrough"         # this export only
+//!
+//! [[volume]]
+//! name = "tank/db"               # a pool volume
+//! cache = "writethrough"
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -24,6 +31,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+use crate::cache::CacheMode;
 use crate::device::{DeviceSpec, IoEngine};
 use crate::units::parse_bytes;
 
@@ -38,6 +46,7 @@ pub const DEFAULT_MAX_BLOCK_BYTES: u32 = 32 << 20;
 pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: u64 = 30;
 const MAX_BLOCK_BYTES_LIMIT: u64 = 128 << 20;
 const MIN_BLOCK_BYTES_LIMIT: u64 = 64 << 10;
+const CACHE_DIRTY_MIN_BYTES: u64 = 1 << 20;
 
 /// The config file, as written. Unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
@@ -51,8 +60,20 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub admin: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
+    pub cache: Option<CacheMode>,
+    pub cache_dirty_max: Option<Size>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+/// Settings for one pool volume, by its export name (POOL/VOLUME).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    pub cache: Option<CacheMode>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +99,7 @@ pub struct ExportConfig {
     pub readonly: bool,
     #[serde(default)]
     pub description: Option<String>,
+    pub cache: Option<CacheMode>,
 }
 
 /// Flags from the command line; each mirrors a config key.
@@ -92,8 +114,8 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export a file or device: NAME=SPEC[,readonly] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
-    #[arg(short, long, value_name = "NAME=SPEC[,readonly]")]
+    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
+    #[arg(short, long, value_name = "NAME=SPEC[,OPTION...]")]
     pub export: Vec<String>,
     /// Where the embedded default volume lives [default: ./weir-data].
     #[arg(long, value_name = "DIR")]
@@ -113,6 +135,15 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long to wait for clients to read their last replies before closing their connections [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_grace_seconds: Option<u64>,
+    /// Answer writes from memory until FLUSH or FUA (writeback), or once the devices have them (writethrough), for every volume [default: writeback].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub cache: Option<CacheMode>,
+    /// Settings of one pool volume: POOL/VOLUME,cache=MODE (repeatable).
+    #[arg(long, value_name = "POOL/VOLUME,OPTION...")]
+    pub volume: Vec<String>,
+    /// Dirty memory all write-back caches may hold together, e.g. 512M [default: about 1 s of the devices' measured write-back rate, at most 1/8 of RAM].
+    #[arg(long, value_name = "SIZE")]
+    pub cache_dirty_max: Option<String>,
 }
 
 /// One export, resolved.
@@ -122,6 +153,8 @@ pub struct ExportSpec {
     pub device: DeviceSpec,
     pub read_only: bool,
     pub description: String,
+    /// None: the server's default.
+    pub cache: Option<CacheMode>,
 }
 
 /// Everything `weir serve` needs, validated.
@@ -138,6 +171,12 @@ pub struct ServeConfig {
     pub shutdown_grace: std::time::Duration,
     /// Empty means: serve the embedded default.
     pub exports: Vec<ExportSpec>,
+    /// The cache mode of volumes that name none.
+    pub cache: CacheMode,
+    /// Pool volumes' own cache modes, by export name.
+    pub volume_cache: Vec<(String, CacheMode)>,
+    /// None: sized from measurement.
+    pub cache_dirty_max_bytes: Option<u64>,
 }
 
 impl ServeConfig {
@@ -198,7 +237,30 @@ impl ServeConfig {
                 .or(file.shutdown_grace_seconds)
                 .unwrap_or(DEFAULT_SHUTDOWN_GRACE_SECONDS),
         );
+        let volume_cache = if !args.volume.is_empty() {
+            args.volume
+                .iter()
+                .map(|text| parse_volume_flag(text))
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            file.volumes
+                .iter()
+                .map(|v| (v.name.clone(), v.cache.unwrap_or_default()))
+                .collect()
+        };
+        let cache_dirty_max_bytes = match (&args.cache_dirty_max, file.cache_dirty_max) {
+            (Some(text), _) => Some(parse_bytes(text).map_err(anyhow::Error::msg)?),
+            (None, Some(Size::Bytes(bytes))) => Some(bytes),
+            (None, Some(Size::Text(text))) => Some(parse_bytes(&text).map_err(anyhow::Error::msg)?),
+            (None, None) => None,
+        };
+        if cache_dirty_max_bytes.is_some_and(|b| b < CACHE_DIRTY_MIN_BYTES) {
+            bail!("cache_dirty_max must be at least 1M");
+        }
         Ok(ServeConfig {
+            cache: args.cache.or(file.cache).unwrap_or_default(),
+            volume_cache,
+            cache_dirty_max_bytes,
             admin,
             shutdown_grace,
             listen,
@@ -236,8 +298,52 @@ impl ServeConfig {
             device: DeviceSpec::File(path),
             read_only: false,
             description: "weir embedded default volume".into(),
+            cache: None,
         })
     }
+
+    /// The cache mode of the export or pool volume `name`.
+    pub fn cache_of(&self, name: &str) -> CacheMode {
+        self.exports
+            .iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.cache)
+            .or_else(|| {
+                self.volume_cache
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, mode)| *mode)
+            })
+            .unwrap_or(self.cache)
+    }
+}
+
+fn parse_cache_mode(text: &str) -> anyhow::Result<CacheMode> {
+    match text {
+        "writeback" => Ok(CacheMode::Writeback),
+        "writethrough" => Ok(CacheMode::Writethrough),
+        other => bail!("unknown cache mode {other:?} (known: writeback, writethrough)"),
+    }
+}
+
+/// `POOL/VOLUME,cache=MODE`
+fn parse_volume_flag(text: &str) -> anyhow::Result<(String, CacheMode)> {
+    let mut parts = text.split(',');
+    let name = parts.next().unwrap_or_default();
+    if !name.contains('/') {
+        bail!("--volume {text:?}: want POOL/VOLUME,cache=MODE");
+    }
+    let mut mode = None;
+    for option in parts {
+        match option.split_once('=') {
+            Some(("cache", value)) => {
+                mode = Some(parse_cache_mode(value).with_context(|| format!("--volume {text:?}"))?)
+            }
+            _ => bail!("--volume {text:?}: unknown option {option:?} (known: cache=MODE)"),
+        }
+    }
+    let mode = mode.with_context(|| format!("--volume {text:?}: no setting given (cache=MODE)"))?;
+    Ok((name.to_string(), mode))
 }
 
 fn load(path: &Path) -> anyhow::Result<FileConfig> {
@@ -269,18 +375,28 @@ fn check_name(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `NAME=SPEC[,readonly]`
+fn is_export_option(option: &str) -> bool {
+    matches!(option, "readonly" | "ro") || option.starts_with("cache=")
+}
+
+/// `NAME=SPEC[,readonly][,cache=MODE]`
 pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
     let (name, rest) = text
         .split_once('=')
-        .with_context(|| format!("--export {text:?}: want NAME=SPEC[,readonly]"))?;
+        .with_context(|| format!("--export {text:?}: want NAME=SPEC[,readonly][,cache=MODE]"))?;
     check_name(name)?;
     // A model spec has commas of its own; export options come last.
     let (device_text, options) = if rest.starts_with("model:") {
-        match rest.rsplit_once(',') {
-            Some((head, "readonly" | "ro")) => (head, vec!["readonly"]),
-            _ => (rest, vec![]),
+        let mut head = rest;
+        let mut options = Vec::new();
+        while let Some((before, last)) = head.rsplit_once(',') {
+            if !is_export_option(last) {
+                break;
+            }
+            options.insert(0, last);
+            head = before;
         }
+        (head, options)
     } else {
         let mut parts = rest.split(',');
         let device = parts.next().unwrap_or_default();
@@ -289,10 +405,16 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
     let device =
         DeviceSpec::parse(device_text).map_err(|e| anyhow::anyhow!("--export {text:?}: {e}"))?;
     let mut read_only = false;
+    let mut cache = None;
     for option in options {
-        match option {
-            "readonly" | "ro" => read_only = true,
-            other => bail!("--export {text:?}: unknown option {other:?} (known: readonly)"),
+        match option.split_once('=') {
+            None if matches!(option, "readonly" | "ro") => read_only = true,
+            Some(("cache", mode)) => {
+                cache = Some(parse_cache_mode(mode).with_context(|| format!("--export {text:?}"))?)
+            }
+            _ => {
+                bail!("--export {text:?}: unknown option {option:?} (known: readonly, cache=MODE)")
+            }
         }
     }
     Ok(ExportSpec {
@@ -300,6 +422,7 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         description: String::new(),
         device,
         read_only,
+        cache,
     })
 }
 
@@ -312,6 +435,7 @@ fn export_from_config(export: &ExportConfig) -> anyhow::Result<ExportSpec> {
         device,
         read_only: export.readonly,
         description: export.description.clone().unwrap_or_default(),
+        cache: export.cache,
     })
 }
 
@@ -386,7 +510,8 @@ mod tests {
                     size_bytes: 1 << 20
                 },
                 read_only: true,
-                description: "A".into()
+                description: "A".into(),
+                cache: None,
             }]
         );
     }
@@ -418,5 +543,61 @@ mod tests {
             ..Default::default()
         };
         assert!(ServeConfig::resolve(&args).is_err());
+    }
+
+    #[test]
+    fn cache_modes_resolve_per_export_per_volume_and_by_default() {
+        let args = ServeArgs {
+            export: vec![
+                "a=mem:1M,cache=writethrough".into(),
+                "b=model:ssd,size=1G,cache=writethrough,readonly".into(),
+                "c=mem:1M".into(),
+            ],
+            volume: vec!["tank/db,cache=writethrough".into()],
+            cache_dirty_max: Some("256M".into()),
+            ..Default::default()
+        };
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.cache_of("a"), CacheMode::Writethrough);
+        assert_eq!(config.cache_of("b"), CacheMode::Writethrough);
+        assert!(config.exports[1].read_only);
+        assert_eq!(config.cache_of("c"), CacheMode::Writeback);
+        assert_eq!(config.cache_of("tank/db"), CacheMode::Writethrough);
+        assert_eq!(config.cache_of("tank/other"), CacheMode::Writeback);
+        assert_eq!(config.cache_dirty_max_bytes, Some(256 << 20));
+
+        let toml = resolve_toml(
+            "cache = \"writethrough\"\n[[volume]]\nname = \"tank/db\"\ncache = \"writeback\"\n",
+        )
+        .unwrap();
+        assert_eq!(toml.cache_of("tank/x"), CacheMode::Writethrough);
+        assert_eq!(toml.cache_of("tank/db"), CacheMode::Writeback);
+    }
+
+    #[test]
+    fn bad_cache_settings_are_clear_errors() {
+        for (export, volume, dirty, needle) in [
+            ("a=mem:1M,cache=sometimes", "", "", "unknown cache mode"),
+            ("", "tank/db,cache=never", "", "unknown cache mode"),
+            ("", "tank/db", "", "no setting given"),
+            ("", "", "100K", "at least 1M"),
+        ] {
+            let args = ServeArgs {
+                export: [export]
+                    .iter()
+                    .filter(|e| !e.is_empty())
+                    .map(|e| e.to_string())
+                    .collect(),
+                volume: [volume]
+                    .iter()
+                    .filter(|v| !v.is_empty())
+                    .map(|v| v.to_string())
+                    .collect(),
+                cache_dirty_max: (!dirty.is_empty()).then(|| dirty.to_string()),
+                ..Default::default()
+            };
+            let err = format!("{:#}", ServeConfig::resolve(&args).unwrap_err());
+            assert!(err.contains(needle), "{err}");
+        }
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod device;

@@ -8,11 +8,12 @@ use anyhow::Context;
 use clap::Parser;
 
 use weir::admin::AdminEndpoint;
+use weir::cache::{CacheMode, CachedStore, DirtyBudget, Flusher};
 use weir::cli::{Cli, Command};
 use weir::config::{ServeArgs, ServeConfig};
 use weir::device;
 use weir::pool::service::PoolService;
-use weir::pool::SingleDevice;
+use weir::pool::{SingleDevice, Store};
 use weir::sched::DeviceQueue;
 use weir::server::{self, Export, Exports, Listeners};
 use weir::volume::Volume;
@@ -89,14 +90,22 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     } else {
         config.exports.clone()
     };
+    let flusher = Flusher::start(DirtyBudget::new(config.cache_dirty_max_bytes));
+    let mut caches: Vec<(String, Arc<CachedStore>)> = Vec::new();
+    let mut cached = |name: &str, store: Arc<dyn Store>, read_only: bool| -> Arc<dyn Store> {
+        if read_only || config.cache_of(name) == CacheMode::Writethrough {
+            return store;
+        }
+        let cache = CachedStore::new(store, &flusher);
+        caches.push((name.to_string(), Arc::clone(&cache)));
+        cache
+    };
     let mut exports = Vec::with_capacity(specs.len() + pool_volumes.len());
     for spec in &specs {
         let device = device::open(&spec.device, spec.read_only, config.io_engine)
             .with_context(|| format!("cannot open export {:?}", spec.name))?;
-        let volume = Volume::new(
-            Arc::new(SingleDevice::new(DeviceQueue::new(device))),
-            spec.read_only,
-        );
+        let store = Arc::new(SingleDevice::new(DeviceQueue::new(device)));
+        let volume = Volume::new(cached(&spec.name, store, spec.read_only), spec.read_only);
         exports.push(export(
             &spec.name,
             &spec.description,
@@ -105,7 +114,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ));
     }
     for (name, store) in pool_volumes {
-        exports.push(export(&name, "", Volume::new(store, false), false));
+        let volume = Volume::new(cached(&name, store, false), false);
+        exports.push(export(&name, "", volume, false));
+    }
+    for (name, cache) in &caches {
+        service.add_cache(
+            name,
+            Arc::clone(cache) as Arc<dyn weir::metrics::CacheReport>,
+        );
     }
     let first_export = exports[0].name.clone();
     let exports = Arc::new(Exports::new(exports, config.max_block_bytes));
@@ -118,6 +134,16 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
     print_connect_hint(&listeners, &first_export);
     let served = server::serve(listeners, exports, &stop, config.shutdown_grace);
+    // Every cached write goes to the devices before the pools close.
+    for (name, cache) in &caches {
+        let dirty = cache.dirty_bytes();
+        match cache.write_back_all() {
+            Ok(()) => tracing::info!(export = name, dirty_bytes = dirty, "cache written back"),
+            Err(err) => tracing::error!(export = name, "cache write-back failed: {err}"),
+        }
+    }
+    flusher.stop();
+    drop(caches);
     // Scrubs save their position; then the pools close cleanly as they drop.
     service.close();
     drop(admin);

@@ -10,9 +10,31 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .map_err(|err| format!("invalid size {text:?}: {err} (use e.g. 4096, 512K, 1.5G)"))
 }
 
+/// A size for people to read: `512 B`, `4.0 KiB`, `1.5 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_format_in_binary_units() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(4096), "4.0 KiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+    }
 
     #[test]
     fn sizes_parse_with_binary_suffixes() {

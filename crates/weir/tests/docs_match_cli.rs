@@ -266,8 +266,8 @@ fn every_config_key_is_in_the_documented_example_and_it_loads() {
             continue;
         }
         let key = long.replace('-', "_");
-        let key = if key == "export" {
-            "[[export]]".to_string()
+        let key = if key == "export" || key == "volume" {
+            format!("[[{key}]]")
         } else {
             format!("{key} =")
         };

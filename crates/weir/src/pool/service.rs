@@ -15,6 +15,7 @@ use super::members::read_labels;
 use super::mirror::select::ReadPolicy;
 use super::mirror::PoolData;
 use super::scrub::{self, Checkpoint, Scrub, ScrubState};
+use crate::metrics::{CacheReport, Sample};
 use crate::sched::Mode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +42,8 @@ pub struct PoolService {
     data_dir: PathBuf,
     pools: Vec<Arc<PoolData>>,
     scrubs: Mutex<HashMap<String, Scrub>>,
+    /// Write-back caches by export name (POOL/VOLUME for pool volumes).
+    caches: Mutex<Vec<(String, Arc<dyn CacheReport>)>>,
 }
 
 impl PoolService {
@@ -51,6 +54,7 @@ impl PoolService {
             data_dir: data_dir.to_path_buf(),
             pools,
             scrubs: Mutex::new(HashMap::new()),
+            caches: Mutex::new(Vec::new()),
         };
         for pool in service.pools.iter().filter(|_| resume_background) {
             pool.start_resilvers();
@@ -89,6 +93,33 @@ impl PoolService {
         &self.pools
     }
 
+    /// Show the write-back cache of export `name` in status and metrics.
+    pub fn add_cache(&self, name: &str, cache: Arc<dyn CacheReport>) {
+        self.caches.lock().push((name.to_string(), cache));
+    }
+
+    /// A line per cached volume of `pool`.
+    fn cache_lines(&self, pool: &str) -> String {
+        let mut out = String::new();
+        for (name, cache) in self.caches.lock().iter() {
+            let Some(volume) = name.strip_prefix(pool).and_then(|n| n.strip_prefix('/')) else {
+                continue;
+            };
+            if cache.failed() {
+                out.push_str(&format!(
+                    "volume {volume}: FAILED: a write-back failed; every FLUSH and FUA write returns EIO until restart ({} cached)\n",
+                    crate::units::format_bytes(cache.dirty_bytes())
+                ));
+            } else {
+                out.push_str(&format!(
+                    "volume {volume}: write-back cache, {} not yet on the devices\n",
+                    crate::units::format_bytes(cache.dirty_bytes())
+                ));
+            }
+        }
+        out
+    }
+
     pub fn status(&self, name: Option<&str>, verbose: bool) -> anyhow::Result<String> {
         let pools: Vec<&Arc<PoolData>> = match name {
             Some(name) => vec![self.pool(name)?],
@@ -100,6 +131,7 @@ impl PoolService {
                 .scrub_status(pool.name())?
                 .map(|c| scrub::describe(pool.name(), &c));
             out.push_str(&pool.status_text(scan.as_deref(), verbose));
+            out.push_str(&self.cache_lines(pool.name()));
             out.push('\n');
         }
         if out.is_empty() {
@@ -253,6 +285,27 @@ impl PoolService {
         let mut samples = Vec::new();
         for pool in &self.pools {
             pool.metrics(&mut samples);
+        }
+        let caches = self.caches.lock();
+        for (name, cache) in caches.iter() {
+            let labels = vec![("volume", name.clone())];
+            let dirty = cache.dirty_bytes() as f64;
+            samples.push(Sample::gauge(
+                "weir_volume_cache_dirty_bytes",
+                labels.clone(),
+                dirty,
+            ));
+            let failed = f64::from(u8::from(cache.failed()));
+            samples.push(Sample::gauge("weir_volume_failed", labels, failed));
+        }
+        if let Some((_, cache)) = caches.first() {
+            let (used, limit) = cache.budget_bytes();
+            samples.push(Sample::gauge("weir_cache_dirty_bytes", vec![], used as f64));
+            samples.push(Sample::gauge(
+                "weir_cache_dirty_limit_bytes",
+                vec![],
+                limit as f64,
+            ));
         }
         crate::metrics::encode(&samples)
     }

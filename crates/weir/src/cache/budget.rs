@@ -1,0 +1,200 @@
+//! One dirty-memory budget for the whole server, shared by every volume's
+//! write-back cache.
+//!
+//! Every cached byte is charged while its buffer lives (a [`Charge`] drops
+//! with it), so the count is memory actually held, writeback copies
+//! included. The limit is about one second of writeback at the rate the
+//! devices have shown, within a floor and a share of RAM, unless the
+//! operator set one. Writers are slowed smoothly from half the limit on
+//! ([`pause_for`]); a write that would pass the limit is written through
+//! instead of cached, which paces it at the devices' speed with no more
+//! memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The limit is never set below this from measurement: a slow first
+/// second must not leave a cache too small to coalesce anything.
+const LIMIT_FLOOR_BYTES: u64 = 32 << 20;
+/// The limit before any writeback rate has been measured.
+const LIMIT_INITIAL_BYTES: u64 = 64 << 20;
+/// The measured limit holds this long a burst of writeback.
+const LIMIT_SECONDS: f64 = 1.0;
+/// Dirty memory never exceeds this share of RAM unless configured.
+const RAM_SHARE: u64 = 8;
+/// Writers are not slowed below this share of the limit.
+const PAUSE_FROM: f64 = 0.5;
+/// The longest pause one write gets: beyond it, the write is written
+/// through instead (Linux's balance_dirty_pages pauses up to 200 ms).
+const PAUSE_MAX: Duration = Duration::from_millis(100);
+/// The writeback rate assumed until one is measured (bytes/s).
+const RATE_INITIAL: f64 = 100e6;
+/// Weight of a new rate sample.
+const RATE_WEIGHT: f64 = 0.25;
+
+/// Bytes of dirty memory held by one buffer; released on drop.
+pub struct Charge {
+    budget: Arc<DirtyBudget>,
+    bytes: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+pub struct DirtyBudget {
+    used: AtomicU64,
+    limit: AtomicU64,
+    /// Set by the operator: never changed by measurement.
+    configured: bool,
+    ram_cap: u64,
+    rate: Mutex<f64>,
+}
+
+impl DirtyBudget {
+    /// `configured`: the operator's limit in bytes, if any.
+    pub fn new(configured: Option<u64>) -> Arc<DirtyBudget> {
+        let ram_cap = ram_bytes() / RAM_SHARE;
+        let limit = configured.unwrap_or(LIMIT_INITIAL_BYTES.min(ram_cap));
+        Arc::new(DirtyBudget {
+            used: AtomicU64::new(0),
+            limit: AtomicU64::new(limit),
+            configured: configured.is_some(),
+            ram_cap,
+            rate: Mutex::new(RATE_INITIAL),
+        })
+    }
+
+    pub fn charge(self: &Arc<Self>, bytes: u64) -> Charge {
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+        Charge {
+            budget: Arc::clone(self),
+            bytes,
+        }
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Whether `bytes` more would pass the limit.
+    pub fn would_exceed(&self, bytes: u64) -> bool {
+        self.used_bytes() + bytes > self.limit_bytes()
+    }
+
+    /// Writeback should run without waiting for pieces to settle.
+    pub fn under_pressure(&self) -> bool {
+        self.used_bytes() as f64 >= self.limit_bytes() as f64 * PAUSE_FROM / 2.0
+    }
+
+    /// How long to hold the reply to a cached write of `bytes`.
+    pub fn pause(&self, bytes: u64) -> Duration {
+        let rate = *self.rate.lock().expect("rate lock");
+        pause_for(self.used_bytes(), self.limit_bytes(), bytes, rate)
+    }
+
+    /// Writeback moved `bytes` in `elapsed` while it had work throughout:
+    /// a sample of the rate the devices can take.
+    pub fn record_rate(&self, bytes: u64, elapsed: Duration) {
+        if elapsed.is_zero() || bytes == 0 {
+            return;
+        }
+        let sample = bytes as f64 / elapsed.as_secs_f64();
+        let rate = {
+            let mut rate = self.rate.lock().expect("rate lock");
+            *rate += RATE_WEIGHT * (sample - *rate);
+            *rate
+        };
+        if !self.configured {
+            let limit = ((rate * LIMIT_SECONDS) as u64).clamp(LIMIT_FLOOR_BYTES, self.ram_cap);
+            self.limit.store(limit, Ordering::Relaxed);
+        }
+    }
+
+    pub fn rate_bytes_per_second(&self) -> f64 {
+        *self.rate.lock().expect("rate lock")
+    }
+}
+
+/// The pause for a write of `bytes` when `used` of `limit` is dirty and
+/// writeback runs at `rate` bytes/s. None below half the limit; above,
+/// it grows with the fill f (0 to 1 over the upper half) as
+/// `bytes / rate * f / (1 - f)`: at f = 1/2 writers are paced at the
+/// writeback rate, and the pause rises steeply, but continuously, to
+/// `PAUSE_MAX` near the limit.
+pub fn pause_for(used: u64, limit: u64, bytes: u64, rate: f64) -> Duration {
+    let from = limit as f64 * PAUSE_FROM;
+    if (used as f64) <= from || limit == 0 {
+        return Duration::ZERO;
+    }
+    let fill = ((used as f64 - from) / (limit as f64 - from)).min(0.999);
+    let seconds = bytes as f64 / rate.max(1.0) * fill / (1.0 - fill);
+    Duration::from_secs_f64(seconds).min(PAUSE_MAX)
+}
+
+fn ram_bytes() -> u64 {
+    // SAFETY: sysconf has no memory effects.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return 1 << 30;
+    }
+    pages as u64 * page as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_pause_below_half_and_a_rising_continuous_pause_above() {
+        let limit = 100 << 20;
+        let rate = 100e6;
+        assert_eq!(pause_for(limit / 2, limit, 1 << 20, rate), Duration::ZERO);
+        let mut last = Duration::ZERO;
+        for percent in 51..100 {
+            let pause = pause_for(limit * percent / 100, limit, 1 << 20, rate);
+            assert!(pause >= last, "pause falls at {percent}%");
+            // Continuous: no step bigger than 20 ms per 1% of fill.
+            assert!(
+                pause - last <= Duration::from_millis(20),
+                "step at {percent}%"
+            );
+            last = pause;
+        }
+        assert_eq!(last, PAUSE_MAX);
+        // At three quarters a writer is paced at the writeback rate.
+        let at_pace = pause_for(limit * 3 / 4, limit, 1 << 20, rate);
+        let per_write = Duration::from_secs_f64((1 << 20) as f64 / rate);
+        assert!(at_pace.abs_diff(per_write) < Duration::from_micros(100));
+    }
+
+    #[test]
+    fn charges_are_released_on_drop_and_the_limit_follows_the_rate() {
+        let budget = DirtyBudget::new(None);
+        let charge = budget.charge(4096);
+        assert_eq!(budget.used_bytes(), 4096);
+        drop(charge);
+        assert_eq!(budget.used_bytes(), 0);
+        for _ in 0..40 {
+            budget.record_rate(500 << 20, Duration::from_secs(1));
+        }
+        let limit = budget.limit_bytes();
+        let expected = (500u64 << 20).min(budget.ram_cap);
+        assert!(limit.abs_diff(expected) < expected / 100, "{limit}");
+        let fixed = DirtyBudget::new(Some(8 << 20));
+        fixed.record_rate(500 << 20, Duration::from_secs(1));
+        assert_eq!(fixed.limit_bytes(), 8 << 20);
+    }
+}

@@ -1,0 +1,210 @@
+//! The cache's one background thread: it releases writers' paused
+//! replies when their pause ends, and on every tick lets each cache's
+//! written pieces settle and start background writeback, and measures
+//! the writeback rate that sizes the budget.
+
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::budget::DirtyBudget;
+
+/// What one tick saw, for the rate that sizes the budget.
+pub struct TickStats {
+    /// Bytes this cache has written back, ever.
+    pub written_bytes: u64,
+    /// Writeback was running with more waiting behind it.
+    pub backlogged: bool,
+}
+
+/// A cache the flusher ticks.
+pub trait Ticked: Send + Sync {
+    /// Let what was written so far settle and start background writeback.
+    fn tick(&self) -> TickStats;
+}
+
+/// A cached piece waits at least one tick for neighbours before
+/// background writeback takes it (Linux flushes dirty pages after 5 s;
+/// a block cache wants its memory back sooner).
+const TICK: Duration = Duration::from_millis(100);
+
+type Reply = Box<dyn FnOnce() + Send>;
+
+struct Paused {
+    at: Instant,
+    seq: u64,
+    reply: Reply,
+}
+
+impl PartialEq for Paused {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Paused {}
+impl PartialOrd for Paused {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Paused {
+    /// Earliest first in a max-heap.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+#[derive(Default)]
+struct State {
+    paused: BinaryHeap<Paused>,
+    seq: u64,
+    caches: Vec<Weak<dyn Ticked>>,
+    stop: bool,
+}
+
+pub struct Flusher {
+    state: Mutex<State>,
+    wake: Condvar,
+    budget: Arc<DirtyBudget>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Flusher {
+    pub fn start(budget: Arc<DirtyBudget>) -> Arc<Flusher> {
+        let flusher = Arc::new(Flusher {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            budget,
+            thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&flusher);
+        let handle = std::thread::Builder::new()
+            .name("weir-writeback".into())
+            .spawn(move || run(weak))
+            .expect("spawn the writeback thread");
+        *flusher.thread.lock().expect("flusher lock") = Some(handle);
+        flusher
+    }
+
+    /// A flusher with no thread: replies are never paused and caches are
+    /// only ticked by whoever holds them. For tests that drive a cache
+    /// step by step.
+    pub fn manual(budget: Arc<DirtyBudget>) -> Arc<Flusher> {
+        Arc::new(Flusher {
+            state: Mutex::new(State {
+                stop: true,
+                ..State::default()
+            }),
+            wake: Condvar::new(),
+            budget,
+            thread: Mutex::new(None),
+        })
+    }
+
+    pub fn budget(&self) -> &Arc<DirtyBudget> {
+        &self.budget
+    }
+
+    pub fn register(&self, cache: Weak<dyn Ticked>) {
+        let mut state = self.state.lock().expect("flusher lock");
+        state.caches.push(cache);
+    }
+
+    /// Run `reply` after `pause`.
+    pub fn after(&self, pause: Duration, reply: Reply) {
+        let mut state = self.state.lock().expect("flusher lock");
+        state.seq += 1;
+        let seq = state.seq;
+        let stopped = state.stop;
+        if stopped {
+            drop(state);
+            return reply();
+        }
+        state.paused.push(Paused {
+            at: Instant::now() + pause,
+            seq,
+            reply,
+        });
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// End the thread, releasing every paused reply first.
+    pub fn stop(&self) {
+        self.state.lock().expect("flusher lock").stop = true;
+        self.wake.notify_one();
+        if let Some(handle) = self.thread.lock().expect("flusher lock").take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn run(weak: Weak<Flusher>) {
+    let mut next_tick = Instant::now() + TICK;
+    let mut last_written = 0u64;
+    let mut last_tick = Instant::now();
+    let mut was_busy = false;
+    loop {
+        let Some(flusher) = weak.upgrade() else {
+            return;
+        };
+        let mut due = Vec::new();
+        let stop = {
+            let mut state = flusher.state.lock().expect("flusher lock");
+            let now = Instant::now();
+            let wait_until = state
+                .paused
+                .peek()
+                .map_or(next_tick, |p| p.at.min(next_tick));
+            if wait_until > now && !state.stop {
+                let (guard, _) = flusher
+                    .wake
+                    .wait_timeout(state, wait_until - now)
+                    .expect("flusher lock");
+                state = guard;
+            }
+            let now = Instant::now();
+            while state
+                .paused
+                .peek()
+                .is_some_and(|p| p.at <= now || state.stop)
+            {
+                due.push(state.paused.pop().expect("peeked").reply);
+            }
+            state.stop
+        };
+        for reply in due {
+            reply();
+        }
+        if stop {
+            return;
+        }
+        if Instant::now() >= next_tick {
+            let caches: Vec<Arc<dyn Ticked>> = {
+                let mut state = flusher.state.lock().expect("flusher lock");
+                state.caches.retain(|c| c.strong_count() > 0);
+                state.caches.iter().filter_map(Weak::upgrade).collect()
+            };
+            let mut written = 0;
+            let mut busy = false;
+            for cache in &caches {
+                let stats = cache.tick();
+                written += stats.written_bytes;
+                busy |= stats.backlogged;
+            }
+            let now = Instant::now();
+            // Only a tick in which writeback had work throughout says how
+            // fast the devices take it.
+            if busy && was_busy && written > last_written {
+                flusher
+                    .budget
+                    .record_rate(written - last_written, now - last_tick);
+            }
+            was_busy = busy;
+            last_written = written;
+            last_tick = now;
+            next_tick = now + TICK;
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! A store with a write-back cache in front: the glue between the
+//! sans-IO [`DirtyMap`] and the store beneath it.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::dirty_map::{Bytes, DirtyMap, Ready, Span, Writeback};
+use super::flusher::{Flusher, TickStats, Ticked};
+use super::Charge;
+use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
+use crate::metrics::CacheReport;
+use crate::pool::{Store, StoreInfo};
+use crate::sched::IoClass;
+
+/// Writebacks in flight per volume. The device queue decides how many of
+/// them reach the device beside client reads; this only bounds the
+/// memory they copy out.
+const WRITEBACK_SLOTS: usize = 16;
+/// Adjacent dirty pieces are joined into writes of up to this size: large
+/// enough to stream on every device, small enough not to hold a reader
+/// behind one write for long.
+const RUN_BYTES_MAX: u64 = 1 << 20;
+
+/// A cached write's buffer, charged to the budget while it lives.
+struct CacheBytes {
+    buf: AlignedBuf,
+    _charge: Charge,
+}
+
+impl Bytes for CacheBytes {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+/// An op that goes to the store itself, in order with the cached data.
+struct Direct {
+    class: IoClass,
+    op: DeviceOp,
+    done: Completion,
+}
+
+type Map = DirtyMap<Completion, Direct>;
+
+pub struct CachedStore {
+    inner: Arc<dyn Store>,
+    map: Mutex<Map>,
+    flusher: Arc<Flusher>,
+    written_bytes: AtomicU64,
+    pumping: AtomicBool,
+    pump_again: AtomicBool,
+    me: std::sync::Weak<CachedStore>,
+}
+
+fn failed_outcome() -> Outcome {
+    Outcome::done(Err(io::Error::from_raw_os_error(libc::EIO)))
+}
+
+impl CachedStore {
+    pub fn new(inner: Arc<dyn Store>, flusher: &Arc<Flusher>) -> Arc<CachedStore> {
+        let store = Arc::new_cyclic(|me| CachedStore {
+            inner,
+            map: Mutex::new(DirtyMap::default()),
+            flusher: Arc::clone(flusher),
+            written_bytes: AtomicU64::new(0),
+            pumping: AtomicBool::new(false),
+            pump_again: AtomicBool::new(false),
+            me: me.clone(),
+        });
+        let weak: std::sync::Weak<CachedStore> = Arc::downgrade(&store);
+        flusher.register(weak);
+        store
+    }
+
+    fn map(&self) -> MutexGuard<'_, Map> {
+        self.map.lock().expect("cache map lock")
+    }
+
+    /// Cached bytes not yet in the store.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.map().dirty_bytes()
+    }
+
+    /// A write-back failed: flushes fail from then on.
+    pub fn failed(&self) -> bool {
+        self.map().failed()
+    }
+
+    /// Write everything back and flush the store; for shutdown.
+    pub fn write_back_all(&self) -> io::Result<()> {
+        let (tx, rx) = mpsc::channel();
+        self.flush(Box::new(move |outcome| {
+            let _ = tx.send(outcome.result);
+        }));
+        rx.recv()
+            .unwrap_or_else(|_| Err(io::Error::other("flush dropped")))
+    }
+
+    fn read(&self, class: IoClass, offset: u64, buf: AlignedBuf, done: Completion) {
+        let end = offset + buf.len() as u64;
+        let spans = self.map().spans(offset, end);
+        let covered = {
+            let mut at = offset;
+            for span in &spans {
+                if span.start > at {
+                    break;
+                }
+                at = span.end;
+            }
+            at >= end
+        };
+        if covered {
+            let mut buf = buf;
+            overlay(&spans, buf.as_mut_slice(), offset);
+            return done(Outcome {
+                result: Ok(()),
+                buf: Some(buf),
+                hole: false,
+            });
+        }
+        let op = DeviceOp::Read { offset, buf };
+        if spans.is_empty() {
+            return self.inner.submit(class, op, done);
+        }
+        // Pieces written back while the read is in flight were copied
+        // into `spans` first, so the read sees them either way.
+        self.inner.submit(
+            class,
+            op,
+            Box::new(move |mut outcome| {
+                if outcome.result.is_ok() {
+                    if let Some(buf) = outcome.buf.as_mut() {
+                        if outcome.hole {
+                            buf.as_mut_slice().fill(0);
+                        }
+                        overlay(&spans, buf.as_mut_slice(), offset);
+                        outcome.hole = false;
+                    }
+                }
+                done(outcome)
+            }),
+        );
+    }
+
+    fn write(&self, class: IoClass, offset: u64, buf: AlignedBuf, done: Completion) {
+        let length = buf.len() as u64;
+        let budget = Arc::clone(self.flusher.budget());
+        if budget.would_exceed(length) {
+            // Past the budget the write goes through: it is paced by the
+            // devices and holds no more memory than the request did.
+            let op = DeviceOp::Write {
+                offset,
+                buf,
+                durable: false,
+            };
+            return self.direct(class, op, done);
+        }
+        let bytes = Arc::new(CacheBytes {
+            buf,
+            _charge: budget.charge(length),
+        });
+        {
+            let mut map = self.map();
+            if map.failed() {
+                drop(map);
+                return done(failed_outcome());
+            }
+            map.write(offset, bytes);
+        }
+        self.pump();
+        let pause = budget.pause(length);
+        if pause.is_zero() {
+            done(Outcome::done(Ok(())));
+        } else {
+            self.flusher
+                .after(pause, Box::new(move || done(Outcome::done(Ok(())))));
+        }
+    }
+
+    fn direct(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        let (start, length) = op.range();
+        {
+            let mut map = self.map();
+            if map.failed() {
+                drop(map);
+                return done(failed_outcome());
+            }
+            map.direct(start, start + length, Direct { class, op, done });
+        }
+        self.pump();
+    }
+
+    fn flush(&self, done: Completion) {
+        {
+            let mut map = self.map();
+            if map.failed() {
+                drop(map);
+                tracing::debug!("flush refused: an earlier write-back to this volume failed");
+                return done(failed_outcome());
+            }
+            map.flush(done);
+        }
+        self.pump();
+    }
+
+    /// Start what may start. Runs on one thread at a time; a call that
+    /// finds another pumping leaves it to run once more, so completions
+    /// that arrive inline never recurse.
+    fn pump(&self) {
+        self.pump_again.store(true, Ordering::SeqCst);
+        loop {
+            if self
+                .pumping
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                return;
+            }
+            while self.pump_again.swap(false, Ordering::SeqCst) {
+                self.pump_once();
+            }
+            self.pumping.store(false, Ordering::SeqCst);
+            if !self.pump_again.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    fn pump_once(&self) {
+        let pressure = self.flusher.budget().under_pressure();
+        let (writebacks, ready) = {
+            let mut map = self.map();
+            let slots = WRITEBACK_SLOTS.saturating_sub(map.writebacks_in_flight());
+            let writebacks = map.next_writebacks(slots, RUN_BYTES_MAX, pressure);
+            (writebacks, map.ready())
+        };
+        let Ready { flushes, directs } = ready;
+        for writeback in writebacks {
+            self.submit_writeback(writeback);
+        }
+        for done in flushes {
+            self.inner.submit(IoClass::SyncWrite, DeviceOp::Flush, done);
+        }
+        for (id, direct) in directs {
+            let me = self.me.upgrade().expect("a cache pumps while it lives");
+            self.inner.submit(
+                direct.class,
+                direct.op,
+                Box::new(move |outcome| {
+                    me.map().direct_done(id);
+                    (direct.done)(outcome);
+                    me.pump();
+                }),
+            );
+        }
+    }
+
+    fn submit_writeback(&self, writeback: Writeback) {
+        let Writeback {
+            id,
+            start,
+            end,
+            spans,
+            urgent,
+        } = writeback;
+        let length = end - start;
+        let mut buf = AlignedBuf::new(length as usize);
+        overlay(&spans, buf.as_mut_slice(), start);
+        drop(spans);
+        let charge = self.flusher.budget().charge(length);
+        // A flush or a direct op waits on this one: a client is waiting.
+        let class = if urgent {
+            IoClass::SyncWrite
+        } else {
+            IoClass::AsyncWrite
+        };
+        let me = self.me.upgrade().expect("a cache pumps while it lives");
+        let op = DeviceOp::Write {
+            offset: start,
+            buf,
+            durable: false,
+        };
+        self.inner.submit(
+            class,
+            op,
+            Box::new(move |outcome| {
+                drop(charge);
+                let ok = outcome.result.is_ok();
+                if let Err(err) = &outcome.result {
+                    tracing::error!(
+                        offset = start,
+                        length,
+                        "write-back failed: {err}; the volume fails every flush from now on"
+                    );
+                } else {
+                    me.written_bytes.fetch_add(length, Ordering::Relaxed);
+                }
+                let waiting = {
+                    let mut map = me.map();
+                    map.writeback_done(id, ok);
+                    map.failed().then(|| map.take_waiting())
+                };
+                if let Some((flushes, directs)) = waiting {
+                    for done in flushes {
+                        done(failed_outcome());
+                    }
+                    for direct in directs {
+                        (direct.done)(failed_outcome());
+                    }
+                }
+                me.pump();
+            }),
+        );
+    }
+}
+
+fn overlay(spans: &[Span], buf: &mut [u8], buf_start: u64) {
+    for span in spans {
+        span.copy_into(buf, buf_start);
+    }
+}
+
+/// `inner`, the store's map of `[offset, ..)`, with the ranges in `dirty`
+/// marked as data.
+fn overlay_extents(inner: Vec<Extent>, offset: u64, dirty: &[(u64, u64)]) -> Vec<Extent> {
+    let mut out: Vec<Extent> = Vec::with_capacity(inner.len());
+    let mut push = |length: u64, hole: bool| {
+        if length == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(last) if last.hole == hole => last.length += length,
+            _ => out.push(Extent { length, hole }),
+        }
+    };
+    let mut at = offset;
+    for extent in inner {
+        let end = at + extent.length;
+        if !extent.hole {
+            push(extent.length, false);
+        } else {
+            let mut cursor = at;
+            for &(s, e) in dirty {
+                let (s, e) = (s.max(at), e.min(end));
+                if s >= e {
+                    continue;
+                }
+                push(s - cursor, true);
+                push(e - s, false);
+                cursor = e;
+            }
+            push(end - cursor, true);
+        }
+        at = end;
+    }
+    out
+}
+
+impl Ticked for CachedStore {
+    fn tick(&self) -> TickStats {
+        self.map().settle();
+        self.pump();
+        let map = self.map();
+        TickStats {
+            written_bytes: self.written_bytes.load(Ordering::Relaxed),
+            backlogged: map.writebacks_in_flight() > 0 && map.dirty_bytes() > 0,
+        }
+    }
+}
+
+impl CacheReport for CachedStore {
+    fn dirty_bytes(&self) -> u64 {
+        CachedStore::dirty_bytes(self)
+    }
+
+    fn failed(&self) -> bool {
+        CachedStore::failed(self)
+    }
+
+    fn budget_bytes(&self) -> (u64, u64) {
+        let budget = self.flusher.budget();
+        (budget.used_bytes(), budget.limit_bytes())
+    }
+}
+
+impl Store for CachedStore {
+    fn info(&self) -> &StoreInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        match op {
+            DeviceOp::Read { offset, buf } => self.read(class, offset, buf, done),
+            DeviceOp::Write {
+                offset,
+                buf,
+                durable: false,
+            } => self.write(class, offset, buf, done),
+            DeviceOp::Flush => self.flush(done),
+            op @ (DeviceOp::Write { durable: true, .. }
+            | DeviceOp::Discard { .. }
+            | DeviceOp::WriteZeroes { .. }) => self.direct(class, op, done),
+        }
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        let dirty = self.map().dirty_ranges(offset, offset + length);
+        let inner = self.inner.extents(offset, length, extents_max)?;
+        let mut out = overlay_extents(inner, offset, &dirty);
+        out.truncate(extents_max.max(1));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod torture;

@@ -1,0 +1,249 @@
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+use crate::cache::{DirtyBudget, Flusher};
+
+/// A store in memory that completes inline and can be told to fail writes.
+struct MemStore {
+    info: StoreInfo,
+    bytes: Mutex<Vec<u8>>,
+    fail_writes: AtomicBool,
+    writes: AtomicU64,
+    /// While set, writes wait in `held` until `release`.
+    hold: AtomicBool,
+    held: Mutex<Vec<(u64, AlignedBuf, Completion)>>,
+}
+
+impl MemStore {
+    fn new(size: usize) -> Arc<MemStore> {
+        Arc::new(MemStore {
+            info: StoreInfo {
+                size_bytes: size as u64,
+                block_bytes: 4096,
+                rotational: false,
+                description: "test".into(),
+            },
+            bytes: Mutex::new(vec![0; size]),
+            fail_writes: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            hold: AtomicBool::new(false),
+            held: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn release(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        for (offset, buf, done) in held {
+            self.submit(
+                IoClass::SyncWrite,
+                DeviceOp::Write {
+                    offset,
+                    buf,
+                    durable: false,
+                },
+                done,
+            );
+        }
+    }
+
+    fn at(&self, offset: usize, len: usize) -> Vec<u8> {
+        self.bytes.lock().unwrap()[offset..offset + len].to_vec()
+    }
+}
+
+impl Store for MemStore {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    fn submit(&self, _class: IoClass, op: DeviceOp, done: Completion) {
+        let mut bytes = self.bytes.lock().unwrap();
+        match op {
+            DeviceOp::Read { offset, mut buf } => {
+                let o = offset as usize;
+                let len = buf.len();
+                buf.as_mut_slice().copy_from_slice(&bytes[o..o + len]);
+                drop(bytes);
+                done(Outcome {
+                    result: Ok(()),
+                    buf: Some(buf),
+                    hole: false,
+                })
+            }
+            DeviceOp::Write { offset, buf, .. } => {
+                if self.hold.load(Ordering::SeqCst) {
+                    drop(bytes);
+                    self.held.lock().unwrap().push((offset, buf, done));
+                    return;
+                }
+                if self.fail_writes.load(Ordering::SeqCst) {
+                    drop(bytes);
+                    return done(Outcome::done(Err(io::Error::from_raw_os_error(libc::EIO))));
+                }
+                self.writes.fetch_add(1, Ordering::SeqCst);
+                let o = offset as usize;
+                bytes[o..o + buf.len()].copy_from_slice(buf.as_slice());
+                drop(bytes);
+                done(Outcome::done(Ok(())))
+            }
+            DeviceOp::Discard { offset, length } | DeviceOp::WriteZeroes { offset, length, .. } => {
+                bytes[offset as usize..(offset + length) as usize].fill(0);
+                drop(bytes);
+                done(Outcome::done(Ok(())))
+            }
+            DeviceOp::Flush => {
+                drop(bytes);
+                done(Outcome::done(Ok(())))
+            }
+        }
+    }
+
+    fn extents(&self, _offset: u64, length: u64, _max: usize) -> io::Result<Vec<Extent>> {
+        Ok(vec![Extent { length, hole: true }])
+    }
+}
+
+fn run(cache: &CachedStore, class: IoClass, op: DeviceOp) -> Outcome {
+    let (tx, rx) = mpsc::channel();
+    cache.submit(
+        class,
+        op,
+        Box::new(move |outcome| {
+            tx.send(outcome).unwrap();
+        }),
+    );
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("op answered")
+}
+
+fn filled(value: u8, len: usize) -> AlignedBuf {
+    let mut buf = AlignedBuf::new(len);
+    buf.as_mut_slice().fill(value);
+    buf
+}
+
+fn write(cache: &CachedStore, offset: u64, value: u8, len: usize, durable: bool) -> io::Result<()> {
+    let op = DeviceOp::Write {
+        offset,
+        buf: filled(value, len),
+        durable,
+    };
+    run(cache, IoClass::SyncWrite, op).result
+}
+
+fn read(cache: &CachedStore, offset: u64, len: usize) -> Vec<u8> {
+    let op = DeviceOp::Read {
+        offset,
+        buf: AlignedBuf::new(len),
+    };
+    let outcome = run(cache, IoClass::SyncRead, op);
+    outcome.result.unwrap();
+    outcome.buf.unwrap().as_slice().to_vec()
+}
+
+fn flush(cache: &CachedStore) -> io::Result<()> {
+    run(cache, IoClass::SyncWrite, DeviceOp::Flush).result
+}
+
+fn setup(limit: Option<u64>) -> (Arc<MemStore>, Arc<CachedStore>, Arc<Flusher>) {
+    let store = MemStore::new(1 << 20);
+    let flusher = Flusher::start(DirtyBudget::new(limit));
+    let cache = CachedStore::new(Arc::clone(&store) as Arc<dyn Store>, &flusher);
+    (store, cache, flusher)
+}
+
+#[test]
+fn writes_are_answered_from_memory_read_back_and_reach_the_store_on_flush() {
+    let (store, cache, flusher) = setup(Some(64 << 20));
+    write(&cache, 8192, 7, 4096, false).unwrap();
+    assert_eq!(read(&cache, 8192, 4096), vec![7; 4096]);
+    assert_eq!(read(&cache, 4096, 8192)[4096..], vec![7; 4096]);
+    let extents = cache.extents(0, 16384, 16).unwrap();
+    assert_eq!(
+        extents,
+        vec![
+            Extent {
+                length: 8192,
+                hole: true
+            },
+            Extent {
+                length: 4096,
+                hole: false
+            },
+            Extent {
+                length: 4096,
+                hole: true
+            },
+        ]
+    );
+    flush(&cache).unwrap();
+    assert_eq!(store.at(8192, 4096), vec![7; 4096]);
+    assert_eq!(cache.dirty_bytes(), 0);
+    flusher.stop();
+}
+
+#[test]
+fn fua_and_zeroing_reach_the_store_before_they_are_answered_in_order_with_cached_bytes() {
+    let (store, cache, flusher) = setup(Some(64 << 20));
+    write(&cache, 0, 1, 8192, false).unwrap();
+    write(&cache, 4096, 2, 4096, true).unwrap();
+    assert_eq!(store.at(4096, 4096), vec![2; 4096]);
+    let zero = DeviceOp::WriteZeroes {
+        offset: 0,
+        length: 4096,
+        may_unmap: false,
+    };
+    run(&cache, IoClass::SyncWrite, zero).result.unwrap();
+    assert_eq!(store.at(0, 4096), vec![0; 4096]);
+    assert_eq!(read(&cache, 0, 8192)[..4096], vec![0; 4096]);
+    flush(&cache).unwrap();
+    assert_eq!(store.at(0, 8192)[4096..], vec![2; 4096]);
+    flusher.stop();
+}
+
+#[test]
+fn a_failed_write_back_fails_every_later_flush_and_fua_but_reads_still_see_the_bytes() {
+    let (store, cache, flusher) = setup(Some(64 << 20));
+    write(&cache, 0, 5, 4096, false).unwrap();
+    store.fail_writes.store(true, Ordering::SeqCst);
+    assert!(flush(&cache).is_err());
+    assert!(cache.failed());
+    store.fail_writes.store(false, Ordering::SeqCst);
+    assert!(flush(&cache).is_err(), "the failure stays latched");
+    assert!(write(&cache, 8192, 1, 4096, true).is_err());
+    assert_eq!(read(&cache, 0, 4096), vec![5; 4096]);
+    flusher.stop();
+}
+
+#[test]
+fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
+    let (store, cache, flusher) = setup(Some(1 << 20));
+    store.hold.store(true, Ordering::SeqCst);
+    // Half the budget is dirty, so its write-back starts at once; its
+    // copy holds as much again while the store holds the write.
+    write(&cache, 0, 3, 512 << 10, false).unwrap();
+    assert_eq!(store.held.lock().unwrap().len(), 1);
+    let (tx, rx) = mpsc::channel();
+    let op = DeviceOp::Write {
+        offset: 0,
+        buf: filled(4, 256 << 10),
+        durable: false,
+    };
+    cache.submit(
+        IoClass::SyncWrite,
+        op,
+        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
+    );
+    // Past the budget, the write goes through, and it waits for the older
+    // bytes in its range to reach the store first.
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    store.release();
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+    assert_eq!(store.at(0, 4096), vec![4; 4096], "written through, last");
+    assert_eq!(store.at(300 << 10, 4096), vec![3; 4096]);
+    assert_eq!(cache.dirty_bytes(), 0);
+    flusher.stop();
+}
