@@ -9,8 +9,6 @@ import signal
 import socket
 import struct
 import threading
-import subprocess
-import tempfile
 import time
 import unittest
 
