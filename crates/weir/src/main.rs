@@ -14,7 +14,7 @@ use weir::config::{ServeArgs, ServeConfig};
 use weir::device;
 use weir::pool::service::PoolService;
 use weir::pool::{SingleDevice, Store};
-use weir::sched::DeviceQueue;
+use weir::sched::{DeviceQueue, Mode};
 use weir::server::{self, Export, Exports, Listeners};
 use weir::volume::Volume;
 
@@ -104,7 +104,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     for spec in &specs {
         let device = device::open(&spec.device, spec.read_only, config.io_engine)
             .with_context(|| format!("cannot open export {:?}", spec.name))?;
-        let store = Arc::new(SingleDevice::new(DeviceQueue::new(device)));
+        // Write-back is background I/O: the adaptive queue keeps it from
+        // raising client reads' latency. Without it, nothing needs a mode.
+        let mode = if !spec.read_only && config.cache_of(&spec.name) == CacheMode::Writeback {
+            Mode::Adaptive
+        } else {
+            Mode::Fifo
+        };
+        let store = Arc::new(SingleDevice::new(DeviceQueue::with_mode(device, mode)));
         let volume = Volume::new(cached(&spec.name, store, spec.read_only), spec.read_only);
         exports.push(export(
             &spec.name,

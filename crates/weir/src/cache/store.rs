@@ -144,18 +144,21 @@ impl CachedStore {
         );
     }
 
-    fn write(&self, class: IoClass, offset: u64, buf: AlignedBuf, done: Completion) {
+    fn write(&self, offset: u64, buf: AlignedBuf, done: Completion) {
         let length = buf.len() as u64;
         let budget = Arc::clone(self.flusher.budget());
         if budget.would_exceed(length) {
             // Past the budget the write goes through: it is paced by the
-            // devices and holds no more memory than the request did.
+            // devices and holds no more memory than the request did. It is
+            // write-back that could not be deferred, so it goes in
+            // write-back's class, where the device queue holds it back
+            // from readers as it does the rest.
             let op = DeviceOp::Write {
                 offset,
                 buf,
                 durable: false,
             };
-            return self.direct(class, op, done);
+            return self.direct(IoClass::AsyncWrite, op, done);
         }
         let bytes = Arc::new(CacheBytes {
             buf,
@@ -397,7 +400,7 @@ impl Store for CachedStore {
                 offset,
                 buf,
                 durable: false,
-            } => self.write(class, offset, buf, done),
+            } => self.write(offset, buf, done),
             DeviceOp::Flush => self.flush(done),
             op @ (DeviceOp::Write { durable: true, .. }
             | DeviceOp::Discard { .. }
