@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -133,6 +133,15 @@ kernel starts for writes it cannot issue without blocking (tmpfs files) and
 ends when idle. Where a baseline build is shown, it is the last build whose
 pool ran every write on a pool of up to 64 threads that each waited for the
 devices (commit 08887e8), served beside the current one in the same rounds."""))
+    parts.append(section(os.path.join(RESULTS, "cache.md"), "Write-back cache against write-through",
+                         """Two servers side by side, one with `--cache writeback` (the default) and one with
+`--cache writethrough`, each exporting a file on the same disk and 1 GiB HDD,
+SATA SSD and NVMe device models in real time. Write jobs (fio's nbd engine)
+run interleaved over rounds; the write-back IOPS are also given counting the
+FLUSH after each run, so that deferred work is paid for inside the figure.
+Then a 4 KiB random reader at QD1 runs alone and beside a 1 MiB sequential
+writer at QD8 on the same export: the reader's p99 beside the writer over its
+p99 alone, and the writer's throughput."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
@@ -174,7 +183,7 @@ def write(path, parts):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    everything = "peers,pool,pool-scaling," + ",".join(SCENARIOS)
+    everything = "peers,pool,pool-scaling,cache," + ",".join(SCENARIOS)
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -193,6 +202,8 @@ def main():
             failed += run(["bench/pool.sh", "--out", "bench/results/pool"]) != 0
         if "pool-scaling" in wanted:
             failed += run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"]) != 0
+        if "cache" in wanted:
+            failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
         for name in SCENARIOS:
             if name in wanted:
                 # A scenario's exit status is in its table: missed checks

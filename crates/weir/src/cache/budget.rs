@@ -14,11 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The limit is never set below this from measurement: a slow first
-/// second must not leave a cache too small to coalesce anything.
-const LIMIT_FLOOR_BYTES: u64 = 32 << 20;
+/// The limit is never set below this from measurement, so that some
+/// writes can still be joined: on an HDD taking random 4 KiB writes at
+/// about 1 MB/s, a few seconds of write-back (a 32 MiB floor made the
+/// FLUSH after such a load take 70 s).
+const LIMIT_FLOOR_BYTES: u64 = 4 << 20;
 /// The limit before any writeback rate has been measured.
-const LIMIT_INITIAL_BYTES: u64 = 64 << 20;
+const LIMIT_INITIAL_BYTES: u64 = 16 << 20;
 /// The measured limit holds this long a burst of writeback.
 const LIMIT_SECONDS: f64 = 1.0;
 /// Dirty memory never exceeds this share of RAM unless configured.
