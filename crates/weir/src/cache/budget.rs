@@ -5,12 +5,10 @@
 //! with it), so the count is memory actually held, writeback copies
 //! included. The limit is about one second of writeback at the rate the
 //! devices have shown, within a floor and a share of RAM, unless the
-//! operator set one. Each volume also has its own share ([`VolumeShare`]),
-//! about one second of its own measured write-back: an HDD beside an NVMe
-//! drive must not fill the server's budget with a minute of its writes.
-//! Writers are slowed smoothly from half the limit on ([`pause_for`]); a
-//! write that would pass either limit is written through instead of
-//! cached, which paces it at the devices' speed with no more memory.
+//! operator set one. Writers are slowed smoothly from half the limit on
+//! ([`pause_for`]); a write that would pass the limit is written through
+//! instead of cached, which paces it at the devices' speed with no more
+//! memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,43 +38,12 @@ const RATE_WEIGHT: f64 = 0.25;
 /// Bytes of dirty memory held by one buffer; released on drop.
 pub struct Charge {
     budget: Arc<DirtyBudget>,
-    volume: Arc<VolumeShare>,
     bytes: u64,
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
-        self.volume.used.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
-/// One volume's part of the budget: what it holds, and its own
-/// write-back rate.
-#[derive(Default)]
-pub struct VolumeShare {
-    used: AtomicU64,
-    /// Measured write-back rate (bytes/s); None until measured.
-    rate: Mutex<Option<f64>>,
-}
-
-impl VolumeShare {
-    pub fn used_bytes(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// This volume wrote back `bytes` in `elapsed` with work throughout.
-    pub fn record_rate(&self, bytes: u64, elapsed: Duration) {
-        if elapsed.is_zero() || bytes == 0 {
-            return;
-        }
-        let sample = bytes as f64 / elapsed.as_secs_f64();
-        let mut rate = self.rate.lock().expect("rate lock");
-        *rate = Some(rate.map_or(sample, |r| r + RATE_WEIGHT * (sample - r)));
-    }
-
-    fn rate(&self) -> Option<f64> {
-        *self.rate.lock().expect("rate lock")
     }
 }
 
@@ -103,27 +70,11 @@ impl DirtyBudget {
         })
     }
 
-    pub fn charge(self: &Arc<Self>, volume: &Arc<VolumeShare>, bytes: u64) -> Charge {
+    pub fn charge(self: &Arc<Self>, bytes: u64) -> Charge {
         self.used.fetch_add(bytes, Ordering::Relaxed);
-        volume.used.fetch_add(bytes, Ordering::Relaxed);
         Charge {
             budget: Arc::clone(self),
-            volume: Arc::clone(volume),
             bytes,
-        }
-    }
-
-    /// A volume's limit: about a second of its own write-back, within
-    /// the floor and the server's limit.
-    pub fn volume_limit_bytes(&self, volume: &VolumeShare) -> u64 {
-        let limit = self.limit_bytes();
-        if self.configured {
-            return limit;
-        }
-        match volume.rate() {
-            Some(rate) => ((rate * LIMIT_SECONDS) as u64)
-                .clamp(LIMIT_FLOOR_BYTES, limit.max(LIMIT_FLOOR_BYTES)),
-            None => LIMIT_INITIAL_BYTES.min(limit),
         }
     }
 
@@ -135,32 +86,20 @@ impl DirtyBudget {
         self.limit.load(Ordering::Relaxed)
     }
 
-    /// Whether `bytes` more for `volume` would pass its limit or the server's.
-    pub fn would_exceed(&self, volume: &VolumeShare, bytes: u64) -> bool {
+    /// Whether `bytes` more would pass the limit.
+    pub fn would_exceed(&self, bytes: u64) -> bool {
         self.used_bytes() + bytes > self.limit_bytes()
-            || volume.used_bytes() + bytes > self.volume_limit_bytes(volume)
     }
 
     /// Writeback should run without waiting for pieces to settle.
-    pub fn under_pressure(&self, volume: &VolumeShare) -> bool {
-        let quarter = PAUSE_FROM / 2.0;
-        self.used_bytes() as f64 >= self.limit_bytes() as f64 * quarter
-            || volume.used_bytes() as f64 >= self.volume_limit_bytes(volume) as f64 * quarter
+    pub fn under_pressure(&self) -> bool {
+        self.used_bytes() as f64 >= self.limit_bytes() as f64 * PAUSE_FROM / 2.0
     }
 
-    /// How long to hold the reply to a cached write of `bytes`: the longer
-    /// of the server's pause and the volume's.
-    pub fn pause(&self, volume: &VolumeShare, bytes: u64) -> Duration {
+    /// How long to hold the reply to a cached write of `bytes`.
+    pub fn pause(&self, bytes: u64) -> Duration {
         let rate = *self.rate.lock().expect("rate lock");
-        let server = pause_for(self.used_bytes(), self.limit_bytes(), bytes, rate);
-        let own_rate = volume.rate().unwrap_or(rate);
-        let own = pause_for(
-            volume.used_bytes(),
-            self.volume_limit_bytes(volume),
-            bytes,
-            own_rate,
-        );
-        server.max(own)
+        pause_for(self.used_bytes(), self.limit_bytes(), bytes, rate)
     }
 
     /// Writeback moved `bytes` in `elapsed` while it had work throughout:
@@ -246,25 +185,16 @@ mod tests {
     #[test]
     fn charges_are_released_on_drop_and_the_limit_follows_the_rate() {
         let budget = DirtyBudget::new(None);
-        let volume = Arc::new(VolumeShare::default());
-        let charge = budget.charge(&volume, 4096);
-        assert_eq!((budget.used_bytes(), volume.used_bytes()), (4096, 4096));
+        let charge = budget.charge(4096);
+        assert_eq!(budget.used_bytes(), 4096);
         drop(charge);
-        assert_eq!((budget.used_bytes(), volume.used_bytes()), (0, 0));
+        assert_eq!(budget.used_bytes(), 0);
         for _ in 0..40 {
             budget.record_rate(500 << 20, Duration::from_secs(1));
         }
         let limit = budget.limit_bytes();
         let expected = (500u64 << 20).min(budget.ram_cap);
         assert!(limit.abs_diff(expected) < expected / 100, "{limit}");
-        // A slow volume's own limit follows its own rate, from the floor.
-        let slow = VolumeShare::default();
-        assert_eq!(budget.volume_limit_bytes(&slow), LIMIT_INITIAL_BYTES);
-        for _ in 0..40 {
-            slow.record_rate(1 << 20, Duration::from_secs(1));
-        }
-        assert_eq!(budget.volume_limit_bytes(&slow), LIMIT_FLOOR_BYTES);
-        assert!(budget.would_exceed(&slow, LIMIT_FLOOR_BYTES + 1));
         let fixed = DirtyBudget::new(Some(8 << 20));
         fixed.record_rate(500 << 20, Duration::from_secs(1));
         assert_eq!(fixed.limit_bytes(), 8 << 20);

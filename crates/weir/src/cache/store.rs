@@ -5,9 +5,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
-use super::budget::VolumeShare;
 use super::dirty_map::{Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
 use super::Charge;
@@ -51,11 +49,6 @@ pub struct CachedStore {
     map: Mutex<Map>,
     flusher: Arc<Flusher>,
     written_bytes: AtomicU64,
-    /// This volume's part of the budget.
-    share: Arc<VolumeShare>,
-    /// For the rate: bytes written back at the last tick, when, and
-    /// whether write-back was backlogged then.
-    last_tick: Mutex<(u64, Instant, bool)>,
     pumping: AtomicBool,
     pump_again: AtomicBool,
     me: std::sync::Weak<CachedStore>,
@@ -72,8 +65,6 @@ impl CachedStore {
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
-            share: Arc::default(),
-            last_tick: Mutex::new((0, Instant::now(), false)),
             pumping: AtomicBool::new(false),
             pump_again: AtomicBool::new(false),
             me: me.clone(),
@@ -156,7 +147,7 @@ impl CachedStore {
     fn write(&self, offset: u64, buf: AlignedBuf, done: Completion) {
         let length = buf.len() as u64;
         let budget = Arc::clone(self.flusher.budget());
-        if budget.would_exceed(&self.share, length) {
+        if budget.would_exceed(length) {
             // Past the budget the write goes through: it is paced by the
             // devices and holds no more memory than the request did. It is
             // write-back that could not be deferred, so it goes in
@@ -171,7 +162,7 @@ impl CachedStore {
         }
         let bytes = Arc::new(CacheBytes {
             buf,
-            _charge: budget.charge(&self.share, length),
+            _charge: budget.charge(length),
         });
         {
             let mut map = self.map();
@@ -182,7 +173,7 @@ impl CachedStore {
             map.write(offset, bytes);
         }
         self.pump();
-        let pause = budget.pause(&self.share, length);
+        let pause = budget.pause(length);
         if pause.is_zero() {
             done(Outcome::done(Ok(())));
         } else {
@@ -241,7 +232,7 @@ impl CachedStore {
     }
 
     fn pump_once(&self) {
-        let pressure = self.flusher.budget().under_pressure(&self.share);
+        let pressure = self.flusher.budget().under_pressure();
         let (writebacks, ready) = {
             let mut map = self.map();
             let slots = WRITEBACK_SLOTS.saturating_sub(map.writebacks_in_flight());
@@ -281,7 +272,7 @@ impl CachedStore {
         let mut buf = AlignedBuf::new(length as usize);
         overlay(&spans, buf.as_mut_slice(), start);
         drop(spans);
-        let charge = self.flusher.budget().charge(&self.share, length);
+        let charge = self.flusher.budget().charge(length);
         // A flush or a direct op waits on this one: a client is waiting.
         let class = if urgent {
             IoClass::SyncWrite
@@ -374,22 +365,10 @@ impl Ticked for CachedStore {
     fn tick(&self) -> TickStats {
         self.map().settle();
         self.pump();
-        let backlogged = {
-            let map = self.map();
-            map.writebacks_in_flight() > 0 && map.dirty_bytes() > 0
-        };
-        let written_bytes = self.written_bytes.load(Ordering::Relaxed);
-        let now = Instant::now();
-        let mut last = self.last_tick.lock().expect("tick lock");
-        // Only a tick in which write-back had work throughout says how
-        // fast this volume's devices take it.
-        if backlogged && last.2 {
-            self.share.record_rate(written_bytes - last.0, now - last.1);
-        }
-        *last = (written_bytes, now, backlogged);
+        let map = self.map();
         TickStats {
-            written_bytes,
-            backlogged,
+            written_bytes: self.written_bytes.load(Ordering::Relaxed),
+            backlogged: map.writebacks_in_flight() > 0 && map.dirty_bytes() > 0,
         }
     }
 }
