@@ -25,7 +25,7 @@ pub mod dirty_map;
 mod flusher;
 mod store;
 
-pub use budget::{pause_for, Charge, DirtyBudget};
+pub use budget::{Charge, DirtyBudget};
 pub use flusher::Flusher;
 pub use store::CachedStore;
 
