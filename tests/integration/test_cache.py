@@ -152,6 +152,8 @@ class Cache(PoolTest):
                 h.flush()  # latched
             with self.assertRaises(nbd.Error):
                 h.pwrite(b"x" * 4096, 0, nbd.CMD_FLAG_FUA)
+            with self.assertRaises(nbd.Error):
+                h.pwrite(b"y" * 4096, 0)  # plain writes too
             # Nothing is dropped: every cached write still reads back.
             for i, data in enumerate(cached, start=1):
                 self.assertEqual(h.pread(MIB, i * MIB), data)

@@ -32,7 +32,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("weir_device_in_flight", "I/Os submitted and not yet completed, by class."),
     ("weir_device_latency_seconds", "Submission to completion of device I/Os, queueing included, by class."),
     ("weir_volume_cache_dirty_bytes", "Bytes written to the volume's write-back cache and not yet to its devices."),
-    ("weir_volume_failed", "1 once a write-back to the volume failed: every later FLUSH and FUA write fails."),
+    ("weir_volume_failed", "1 once a write-back to the volume failed: every later write and FLUSH fails."),
     ("weir_cache_dirty_bytes", "Memory held by all write-back caches, write-back copies included."),
     ("weir_cache_dirty_limit_bytes", "The dirty-memory budget all write-back caches share."),
 ];

@@ -73,6 +73,19 @@ impl Span {
     }
 }
 
+/// Whether `spans` (in order, as [`DirtyMap::spans`] gives them) cover
+/// all of `[start, end)`.
+pub fn spans_cover(spans: &[Span], start: u64, end: u64) -> bool {
+    let mut at = start;
+    for span in spans {
+        if span.start > at {
+            return false;
+        }
+        at = span.end;
+    }
+    at >= end
+}
+
 /// A run of adjacent pieces to write to the store as one request.
 pub struct Writeback {
     pub id: u64,
@@ -324,14 +337,7 @@ impl<F, D> DirtyMap<F, D> {
 
     /// Whether cached bytes cover all of `[start, end)`.
     pub fn covers(&self, start: u64, end: u64) -> bool {
-        let mut at = start;
-        for span in self.spans(start, end) {
-            if span.start > at {
-                return false;
-            }
-            at = span.end;
-        }
-        at >= end
+        spans_cover(&self.spans(start, end), start, end)
     }
 
     /// A FLUSH covering every write cached so far. It is handed back by

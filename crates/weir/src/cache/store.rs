@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::dirty_map::{Bytes, DirtyMap, Ready, Span, Writeback};
+use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
 use super::Charge;
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
@@ -101,17 +101,7 @@ impl CachedStore {
     fn read(&self, class: IoClass, offset: u64, buf: AlignedBuf, done: Completion) {
         let end = offset + buf.len() as u64;
         let spans = self.map().spans(offset, end);
-        let covered = {
-            let mut at = offset;
-            for span in &spans {
-                if span.start > at {
-                    break;
-                }
-                at = span.end;
-            }
-            at >= end
-        };
-        if covered {
+        if spans_cover(&spans, offset, end) {
             let mut buf = buf;
             overlay(&spans, buf.as_mut_slice(), offset);
             return done(Outcome {

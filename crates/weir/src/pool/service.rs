@@ -107,7 +107,7 @@ impl PoolService {
             };
             if cache.failed() {
                 out.push_str(&format!(
-                    "volume {volume}: FAILED: a write-back failed; every FLUSH and FUA write returns EIO until restart ({} cached)\n",
+                    "volume {volume}: FAILED: a write-back failed; every write and FLUSH returns EIO until restart ({} cached)\n",
                     crate::units::format_bytes(cache.dirty_bytes())
                 ));
             } else {
