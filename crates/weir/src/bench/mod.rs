@@ -28,9 +28,9 @@ use anyhow::{bail, Context};
 use crate::device::model::{ModelSpec, NANOS_PER_MS, NANOS_PER_SEC};
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
-use crate::sim::{Simulation, StreamResult, READ_TIMELINE_BUCKET_NS};
+use crate::sim::{Simulation, StreamResult, WbThrottle, READ_TIMELINE_BUCKET_NS};
 use crate::workload::JobSpec;
-use report::{ReadTimeline, Report, Run, RunConfig, Stream};
+use report::{ReadTimeline, Report, Run, RunConfig, Stream, WritebackSummary};
 
 /// Where a workload runs.
 #[derive(Clone, Debug)]
@@ -43,6 +43,9 @@ pub enum Target {
         mode: Mode,
         /// How a mirror picks the copy for a read.
         read_policy: ReadPolicy,
+        /// Writes go through a write-back cache whose writeback this
+        /// throttles (the queues then run in its mode); None: written through.
+        cache: Option<WbThrottle>,
     },
     /// An NBD URI; `device` says what is behind it, when we know.
     Nbd {
@@ -68,6 +71,7 @@ impl Target {
                 devices,
                 mode,
                 read_policy,
+                cache,
             } => {
                 let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
                 let reads = if devices.len() > 1 {
@@ -75,7 +79,16 @@ impl Target {
                 } else {
                     String::new()
                 };
-                format!("mirror {} (sched {}{reads})", texts.join(" "), mode.name())
+                let cache = match cache {
+                    Some(throttle) => format!(", cache writeback, throttle {throttle}"),
+                    None => String::new(),
+                };
+                let what = if devices.len() > 1 { "mirror " } else { "" };
+                format!(
+                    "{what}{} (sched {}{reads}{cache})",
+                    texts.join(" "),
+                    mode.name()
+                )
             }
             Target::Nbd {
                 uri,
@@ -108,6 +121,7 @@ pub fn run_jobs(
     let mut device_read_share = None;
     let mut device_read_timeline = None;
     let mut stream_read_share = None;
+    let mut writeback = None;
     let results: Vec<StreamResult> = match target {
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
@@ -116,11 +130,24 @@ pub fn run_jobs(
             devices,
             mode,
             read_policy,
+            cache,
         } => {
-            let run = Simulation::new_pool(devices, *mode, jobs, duration, seed)
+            let mut simulation = Simulation::new_pool(devices, *mode, jobs, duration, seed)
                 .map_err(anyhow::Error::msg)?
-                .with_read_policy(*read_policy)
-                .run_mirror();
+                .with_read_policy(*read_policy);
+            if let Some(throttle) = cache {
+                simulation = simulation.with_cache(*throttle, None);
+            }
+            let run = simulation.run_mirror();
+            if let (Some(throttle), Some(done)) = (cache, &run.cache) {
+                writeback = Some(WritebackSummary {
+                    throttle: throttle.name().into(),
+                    written_back_mb_per_s: done.written_back_bytes as f64 / seconds / 1e6,
+                    dirty_at_end_bytes: done.dirty_at_end_bytes,
+                    dirty_limit_at_end_bytes: done.limit_at_end_bytes,
+                    direct_writes: done.direct_writes,
+                });
+            }
             if devices.len() > 1 {
                 device_read_share = Some(
                     devices
@@ -178,6 +205,7 @@ pub fn run_jobs(
         device_read_share,
         device_read_timeline,
         stream_read_share,
+        writeback,
     })
 }
 

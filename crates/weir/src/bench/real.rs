@@ -72,6 +72,7 @@ pub fn run(
                     bytes: 0,
                     errors: 0,
                     latency: LatencyStats::default(),
+                    latency_over_time: Vec::new(),
                 },
                 receiver_failed: None,
             }),

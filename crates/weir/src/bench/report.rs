@@ -34,6 +34,22 @@ pub struct Run {
     /// For a mirror read by a policy: the device shares over time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_read_timeline: Option<ReadTimeline>,
+    /// With a simulated write-back cache: what its writeback did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writeback: Option<WritebackSummary>,
+}
+
+/// A simulated write-back cache over one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WritebackSummary {
+    /// "adaptive", "none" or "wbt".
+    pub throttle: String,
+    /// Bytes written back to the devices per second of the run (one copy).
+    pub written_back_mb_per_s: f64,
+    pub dirty_at_end_bytes: u64,
+    pub dirty_limit_at_end_bytes: u64,
+    /// Client writes that went through because the budget was full.
+    pub direct_writes: u64,
 }
 
 /// Each device's share of the client reads, step by step through a run.
@@ -62,6 +78,12 @@ pub struct Stream {
     pub latency_us: LatencySummary,
     /// Counts per bucket; bucket i holds latencies in [2^i, 2^(i+1)) us.
     pub histogram_log2_us: Vec<u64>,
+    /// Simulated runs: p99 latency (us) per step of `timeline_step_ms`,
+    /// by completion time; 0 for a step with none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub p99_over_time_us: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_step_ms: Option<u64>,
 }
 
 impl Stream {
@@ -76,6 +98,19 @@ impl Stream {
             mb_per_s: per_sec(result.bytes as f64) / 1e6,
             latency_us: result.latency.summary_us(),
             histogram_log2_us: trimmed_log2(&result.latency),
+            p99_over_time_us: result
+                .latency_over_time
+                .iter()
+                .map(|step| {
+                    if step.count() == 0 {
+                        0.0
+                    } else {
+                        step.quantile_ns(0.99) as f64 / 1000.0
+                    }
+                })
+                .collect(),
+            timeline_step_ms: (!result.latency_over_time.is_empty())
+                .then_some(crate::sim::LATENCY_TIMELINE_STEP_NS / 1_000_000),
         }
     }
 }
@@ -138,6 +173,18 @@ pub fn render(report: &Report) -> String {
                 .map(|(device, share)| format!("{device} {:.1}%", share * 100.0))
                 .collect();
             let _ = writeln!(out, "device read share: {}", shares.join(", "));
+        }
+        if let Some(w) = &run.writeback {
+            let _ = writeln!(
+                out,
+                "writeback ({}): {:.1} MB/s to the devices, {} dirty at the end (limit {}), \
+                 {} writes went through at the limit",
+                w.throttle,
+                w.written_back_mb_per_s,
+                crate::units::format_bytes(w.dirty_at_end_bytes),
+                crate::units::format_bytes(w.dirty_limit_at_end_bytes),
+                w.direct_writes
+            );
         }
         for s in &run.streams {
             let counts: Vec<String> = s.histogram_log2_us.iter().map(u64::to_string).collect();

@@ -153,6 +153,7 @@ impl Targets for SimTargets {
             devices: vec![model(device)?, model(device)?],
             mode,
             read_policy: ReadPolicy::default(),
+            cache: None,
         }))
     }
 
@@ -168,6 +169,7 @@ impl Targets for SimTargets {
                 .collect::<anyhow::Result<_>>()?,
             mode: Mode::default(),
             read_policy: policy.unwrap_or_default(),
+            cache: None,
         }))
     }
 

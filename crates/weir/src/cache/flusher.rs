@@ -27,7 +27,7 @@ pub trait Ticked: Send + Sync {
 /// A cached piece waits at least one tick for neighbours before
 /// background writeback takes it (Linux flushes dirty pages after 5 s;
 /// a block cache wants its memory back sooner).
-const TICK: Duration = Duration::from_millis(100);
+pub const TICK: Duration = Duration::from_millis(100);
 
 type Reply = Box<dyn FnOnce() + Send>;
 

@@ -26,8 +26,8 @@ mod flusher;
 mod store;
 
 pub use budget::{Charge, DirtyBudget};
-pub use flusher::Flusher;
-pub use store::CachedStore;
+pub use flusher::{Flusher, TICK as SETTLE_TICK};
+pub use store::{CachedStore, RUN_BYTES_MAX, WRITEBACK_SLOTS};
 
 /// Whether a volume keeps writes in memory until FLUSH.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]

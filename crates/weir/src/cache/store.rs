@@ -17,11 +17,11 @@ use crate::sched::IoClass;
 /// Writebacks in flight per volume. The device queue decides how many of
 /// them reach the device beside client reads; this only bounds the
 /// memory they copy out.
-const WRITEBACK_SLOTS: usize = 16;
+pub const WRITEBACK_SLOTS: usize = 16;
 /// Adjacent dirty pieces are joined into writes of up to this size: large
 /// enough to stream on every device, small enough not to hold a reader
 /// behind one write for long.
-const RUN_BYTES_MAX: u64 = 1 << 20;
+pub const RUN_BYTES_MAX: u64 = 1 << 20;
 
 /// A cached write's buffer, charged to the budget while it lives.
 struct CacheBytes {

@@ -9,9 +9,11 @@ use crate::bench::report::Report;
 use crate::bench::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
 use crate::bench::served::{PoolRoot, ServedTargets};
 use crate::bench::{emit, parse_jobs, run_jobs, Target};
+use crate::cache::CacheMode;
 use crate::device::model::ModelSpec;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
+use crate::sim::WbThrottle;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -67,6 +69,13 @@ pub struct RunArgs {
     #[arg(long, requires = "pool", default_value_t = ReadPolicy::default(),
           value_parser = super::one_of(&ReadPolicy::ALL, ReadPolicy::name))]
     read_policy: ReadPolicy,
+    /// For --sim: writes go through the server's write-back cache, or straight to the devices.
+    #[arg(long, requires = "sim", default_value = "writethrough")]
+    cache: CacheMode,
+    /// For --sim --cache writeback: what holds writeback back from readers: weir's
+    /// adaptive queues, nothing (fifo queues), or Linux wbt's fixed targets (fifo queues).
+    #[arg(long, requires = "sim", value_parser = super::one_of(&WbThrottle::ALL, WbThrottle::name))]
+    wb_throttle: Option<WbThrottle>,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
     scrub: bool,
@@ -147,10 +156,32 @@ fn plot(args: PlotArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The cache a --sim run puts in front of its devices, and the queue mode
+/// that goes with it.
+fn sim_cache(args: &RunArgs, default_mode: Mode) -> anyhow::Result<(Option<WbThrottle>, Mode)> {
+    match (args.cache, args.wb_throttle) {
+        (CacheMode::Writethrough, Some(_)) => {
+            bail!("--wb-throttle controls write-back: give --cache writeback with it")
+        }
+        (CacheMode::Writethrough, None) => Ok((None, args.sched.unwrap_or(default_mode))),
+        (CacheMode::Writeback, throttle) => {
+            let throttle = throttle.unwrap_or_default();
+            let mode = throttle.queue_mode();
+            if args.sched.is_some_and(|sched| sched != mode) {
+                bail!(
+                    "--wb-throttle {throttle} runs the device queues in {} mode; leave out --sched",
+                    mode.name()
+                );
+            }
+            Ok((Some(throttle), mode))
+        }
+    }
+}
+
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut texts = args.jobs.clone();
     check_seconds(args.seconds)?;
-    let target = match (args.sim, args.device, args.uri) {
+    let target = match (args.sim, args.device.clone(), args.uri.clone()) {
         (true, None, None) if args.pool.is_some() => {
             let words: Vec<String> = args
                 .pool
@@ -175,24 +206,33 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             if args.scrub {
                 texts.push(scenarios::scrub_job(devices.len()));
             }
+            let (cache, mode) = sim_cache(&args, Mode::default())?;
             Target::SimPool {
                 devices,
-                mode: args.sched.unwrap_or_default(),
+                mode,
                 read_policy: args.read_policy,
+                cache,
             }
         }
-        (true, Some(device), None) if args.sched.is_some() || args.scrub => {
+        (true, Some(device), None)
+            if args.sched.is_some() || args.scrub || args.cache == CacheMode::Writeback =>
+        {
             let text = device
                 .strip_prefix("model:")
                 .context("--sim runs device models: --device model:KIND,size=SIZE,...")?;
             if args.scrub {
                 texts.push(scenarios::scrub_job(1));
             }
+            let (cache, mode) = sim_cache(&args, Mode::Fifo)?;
             Target::SimPool {
                 devices: vec![ModelSpec::parse(text).map_err(anyhow::Error::msg)?],
-                mode: args.sched.unwrap_or(Mode::Fifo),
+                mode,
                 read_policy: ReadPolicy::default(),
+                cache,
             }
+        }
+        (true, Some(_), None) if args.wb_throttle.is_some() => {
+            bail!("--wb-throttle controls write-back: give --cache writeback with it")
         }
         (true, Some(device), None) => {
             let text = device

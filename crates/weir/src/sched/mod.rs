@@ -7,6 +7,7 @@ mod adaptive;
 pub use adaptive::Ewma;
 mod device_queue;
 pub mod queue;
+pub mod wbt;
 mod zfs;
 
 #[cfg(test)]

@@ -21,10 +21,17 @@ use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadReques
 use crate::pool::scrub::COPY_LEAD_MAX_CHUNKS;
 use crate::sched::{IoClass, IoQueue, Mode, QueuedIo};
 use crate::stats::LatencyStats;
-use crate::workload::{Generator, JobSpec};
+use crate::workload::{Generator, JobSpec, Rw};
+
+mod cache;
+use cache::SimCache;
+pub use cache::{CacheRun, WbThrottle};
 
 /// The width of one step of each device's share of reads over time.
 pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;
+
+/// The width of one step of each stream's latency over time.
+pub const LATENCY_TIMELINE_STEP_NS: Nanos = 250 * NANOS_PER_MS;
 
 /// Open-loop arrivals waiting for a slot, per job. Past this the device is
 /// hopelessly behind the rate, and further arrivals count as errors.
@@ -43,6 +50,9 @@ pub struct StreamResult {
     /// Time the job was running, for rates.
     pub active_ns: Nanos,
     pub latency: LatencyStats,
+    /// The same per `LATENCY_TIMELINE_STEP_NS` of the run, by completion
+    /// time (the simulator's runs only).
+    pub latency_over_time: Vec<LatencyStats>,
 }
 
 /// A run of a mirror: the streams, and where the client reads went.
@@ -55,6 +65,8 @@ pub struct MirrorRun {
     /// The same per `READ_TIMELINE_BUCKET_NS`, from the start (a step with
     /// no reads has every share 0).
     pub read_timeline: Vec<Vec<f64>>,
+    /// With a write-back cache: what it did.
+    pub cache: Option<CacheRun>,
 }
 
 fn shares_of(counts: &[u64]) -> Vec<f64> {
@@ -86,6 +98,8 @@ struct Pending {
     /// For a scrub read, the copy it read: the scrub's next read goes to
     /// the same device, so each device keeps its own reads in flight.
     scrub_device: Option<usize>,
+    /// A write that went past the cache: its id in the dirty map.
+    direct: Option<u64>,
 }
 
 struct SimDevice {
@@ -124,6 +138,8 @@ pub struct Simulation {
     reads_timeline: Vec<Vec<u64>>,
     /// The same per job.
     reads_per_job: Vec<Vec<u64>>,
+    /// Client writes go through a write-back cache.
+    cache: Option<SimCache>,
     duration: Nanos,
     now: Nanos,
 }
@@ -173,6 +189,7 @@ impl Simulation {
                         errors: 0,
                         active_ns: stop.saturating_sub(job.start_ns()),
                         latency: LatencyStats::default(),
+                        latency_over_time: Vec::new(),
                     },
                 })
             })
@@ -203,6 +220,7 @@ impl Simulation {
             reads_per_device: vec![0; specs.len()],
             reads_timeline: Vec::new(),
             reads_per_job: vec![vec![0; specs.len()]; job_count],
+            cache: None,
             duration,
             now: 0,
         })
@@ -211,6 +229,30 @@ impl Simulation {
     /// Reads of a mirror go where `policy` chooses.
     pub fn with_read_policy(mut self, policy: ReadPolicy) -> Simulation {
         self.selector.set_policy(policy);
+        self
+    }
+
+    /// Client writes go to a write-back cache (the server's own), whose
+    /// writeback `throttle` controls; `dirty_max` as `--cache-dirty-max`.
+    /// The devices' queues take the throttle's mode.
+    pub fn with_cache(mut self, throttle: WbThrottle, dirty_max: Option<u64>) -> Simulation {
+        let write_bytes_max = self
+            .jobs
+            .iter()
+            .filter(|j| j.result.job.rw != Rw::Read && j.result.job.rw != Rw::RandRead)
+            .map(|j| j.result.job.bs)
+            .max()
+            .unwrap_or(0);
+        let rotational: Vec<bool> = self.devices.iter().map(|d| d.spec.rotational()).collect();
+        for device in &mut self.devices {
+            device.queue.set_mode(throttle.queue_mode(), 0);
+        }
+        self.cache = Some(SimCache::new(
+            throttle,
+            dirty_max,
+            write_bytes_max,
+            &rotational,
+        ));
         self
     }
 
@@ -253,6 +295,7 @@ impl Simulation {
                 self.thinking.pop();
                 self.issue(index, at, at);
             }
+            self.cache_timers(now);
             for index in 0..self.jobs.len() {
                 self.start_or_arrive(index, now);
             }
@@ -267,6 +310,7 @@ impl Simulation {
             .map(|counts| shares_of(counts))
             .collect();
         MirrorRun {
+            cache: self.cache.as_ref().map(SimCache::report),
             read_shares: shares_of(&self.reads_per_device),
             job_read_shares: self.reads_per_job.iter().map(|c| shares_of(c)).collect(),
             read_timeline,
@@ -290,7 +334,12 @@ impl Simulation {
                 .into_iter()
                 .chain(d.queue.next_deadline(self.now))
         });
-        jobs.chain(devices).chain(failing).chain(thinking).min()
+        let cache = self.cache.as_ref().map(SimCache::next_event);
+        jobs.chain(devices)
+            .chain(failing)
+            .chain(thinking)
+            .chain(cache)
+            .min()
     }
 
     /// A mirror's scrub has scrubbed what every copy has read: bytes a copy
@@ -460,6 +509,31 @@ impl Simulation {
         job.in_flight += 1;
         let id = self.next_id;
         self.next_id += 1;
+        if let Some(cache) = &mut self.cache {
+            if kind == IoKind::Write && class == IoClass::SyncWrite {
+                return self.cache_write(index, id, arrived, offset, length);
+            }
+            if kind == IoKind::Read
+                && class == IoClass::SyncRead
+                && cache.covers(offset, offset + length)
+            {
+                // Every byte is in memory: answered at once.
+                self.pending.insert(
+                    id,
+                    Pending {
+                        job: index,
+                        arrived,
+                        bytes: length,
+                        fails: false,
+                        parts_left: 0,
+                        scrub_device: None,
+                        direct: None,
+                    },
+                );
+                cache.replies.push(Reverse((now, id)));
+                return;
+            }
+        }
         let targets = self.targets(index, class, kind, offset, length);
         self.pending.insert(
             id,
@@ -471,6 +545,7 @@ impl Simulation {
                 parts_left: targets.len() as u32,
                 scrub_device: matches!(class, IoClass::Scrub | IoClass::Resilver)
                     .then(|| targets[0].0),
+                direct: None,
             },
         );
         let client_read =
@@ -484,6 +559,9 @@ impl Simulation {
             }
             if client_read {
                 self.count_read(index, device_index, now);
+                if let Some(cache) = &mut self.cache {
+                    cache.read_sent(part, device_index, now);
+                }
             }
             let device = &mut self.devices[device_index];
             let faults = &device.spec.faults;
@@ -523,6 +601,9 @@ impl Simulation {
 
     /// One copy's I/O is done; the request completes with its last copy.
     fn part_done(&mut self, part: u64, at: Nanos) {
+        if self.cache_part_done(part, at) {
+            return;
+        }
         if let Some((choice, issued)) = self.choices.remove(&part) {
             self.selector.completed(choice, at - issued, at);
         }
@@ -542,6 +623,9 @@ impl Simulation {
             .pending
             .remove(&id)
             .expect("completed request was pending");
+        if let Some(direct) = pending.direct {
+            self.cache_direct_done(direct, id, at);
+        }
         self.scrub_next = pending.scrub_device;
         if let (Some(device), false) = (pending.scrub_device, pending.fails) {
             self.devices[device].scrub_done_bytes += pending.bytes;
@@ -554,6 +638,12 @@ impl Simulation {
             job.result.ops += 1;
             job.result.bytes += pending.bytes;
             job.result.latency.record(at - pending.arrived);
+            let step = (at / LATENCY_TIMELINE_STEP_NS) as usize;
+            let timeline = &mut job.result.latency_over_time;
+            if timeline.len() <= step {
+                timeline.resize_with(step + 1, LatencyStats::default);
+            }
+            timeline[step].record(at - pending.arrived);
         }
         if job.result.job.rate_per_sec.is_some() {
             if let Some(arrival) = job.backlog.pop_front() {

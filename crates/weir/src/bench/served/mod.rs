@@ -469,6 +469,7 @@ pub fn run_pool(
             errors: 0,
             active_ns,
             latency: Default::default(),
+            latency_over_time: Vec::new(),
         });
     }
     // Report streams in job order.
