@@ -53,6 +53,18 @@ const PIECE_SLACK_SHARE: f64 = 0.125;
 /// gave about the same scrub and a max only 1.05x better on some seeds
 /// (docs/scheduler.md).
 const STREAM_SLACK_SHARE: f64 = 0.75;
+/// The share of the device's time writeback is guaranteed while it waits
+/// beside interactive work that would otherwise keep it out: half, so that
+/// a writer and a reader who both want the whole device split it, and
+/// writeback held back by a reader that never pauses still drains the
+/// cache at about half its idle rate instead of stopping (the cache's
+/// writers would stop with it). Scrub and resilver are not floored here:
+/// they run in the gaps and by the share window.
+const FLOOR_SHARE: f64 = 0.5;
+/// Floor credit saved while background waits is capped at this many of
+/// its service times: after a long wait it may send a short run of I/Os
+/// back to back, never a long one.
+const FLOOR_CREDIT_SERVICES: f64 = 4.0;
 /// Background pieces are whole 4 KiB blocks.
 const PIECE_ALIGN_BYTES: u64 = 4096;
 /// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
@@ -121,6 +133,12 @@ pub struct Adaptive {
     /// device and of the gaps between them: the interactive duty cycle.
     busy_period: Ewma,
     gap_period: Ewma,
+    /// Device time (ns) background has earned under the floor and not
+    /// spent, and when it was last counted.
+    floor_credit: f64,
+    floor_at: Nanos,
+    /// The I/O being chosen goes by the floor and spends its credit.
+    floor_grant: bool,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
     /// Decaying length (ns) of the gaps between interactive busy
@@ -147,6 +165,9 @@ impl Default for Adaptive {
             last_background: 0,
             share_grant: false,
             busy_period: Ewma::default(),
+            floor_credit: 0.0,
+            floor_at: 0,
+            floor_grant: false,
             gap_period: Ewma::default(),
             busy_since: None,
             gap_since: None,
@@ -344,15 +365,56 @@ impl Adaptive {
         }
     }
 
+    /// What one background I/O costs the device (ns), as measured; before
+    /// that, an interactive one's.
+    fn background_io_cost(&self) -> Option<f64> {
+        self.background_service().or(self.interactive_service())
+    }
+
+    /// Count the floor credit writeback earned since the last call: a
+    /// share of the time it spent waiting, with nothing of its own in the
+    /// device, beside interactive work.
+    fn accrue_floor(&mut self, queued: &[ClassActivity; CLASSES], now: Nanos) {
+        let elapsed = now.saturating_sub(self.floor_at) as f64;
+        self.floor_at = now;
+        let writeback = &queued[IoClass::AsyncWrite as usize];
+        let held_out = writeback.queued > 0 && writeback.active == 0;
+        if !held_out || !self.interactive_present(queued, now) {
+            // Nothing held back: the floor is not owed.
+            self.floor_credit = self.floor_credit.min(0.0);
+            return;
+        }
+        let Some(cost) = self.background_io_cost() else {
+            return;
+        };
+        self.floor_credit =
+            (self.floor_credit + elapsed * FLOOR_SHARE).min(cost * FLOOR_CREDIT_SERVICES);
+    }
+
+    /// Whether writeback has earned the device for one more I/O.
+    fn floor_due(&self) -> bool {
+        self.background_io_cost()
+            .is_some_and(|cost| self.floor_credit >= cost)
+    }
+
     pub fn class_to_issue(
         &mut self,
         queued: &[ClassActivity; CLASSES],
         now: Nanos,
     ) -> Option<IoClass> {
+        self.accrue_floor(queued, now);
         for class in [IoClass::SyncRead, IoClass::SyncWrite] {
             if queued[class as usize].queued > 0 {
                 return Some(class);
             }
+        }
+        let writeback = &queued[IoClass::AsyncWrite as usize];
+        if self.floor_due() && writeback.queued > 0 && writeback.active == 0 {
+            // Whole: the floor is device time, and a piece would spend it
+            // on switching.
+            self.floor_grant = true;
+            self.share_grant = true;
+            return Some(IoClass::AsyncWrite);
         }
         let limit = self.background_limit(queued, now);
         if background_active(queued) >= limit {
@@ -399,8 +461,24 @@ impl Adaptive {
 
     /// An I/O of `class` went to the device (`active` counts it); the
     /// token goes back with its completion.
-    pub fn issued(&mut self, class: IoClass, now: Nanos, active: &[ClassActivity; CLASSES]) -> u64 {
+    pub fn issued(
+        &mut self,
+        class: IoClass,
+        now: Nanos,
+        active: &[ClassActivity; CLASSES],
+        length: u64,
+    ) -> u64 {
         self.share_grant = false;
+        if std::mem::take(&mut self.floor_grant) {
+            let cost = self
+                .background_ns_per_byte
+                .get()
+                .filter(|_| length > 0)
+                .map(|per_byte| per_byte * length as f64)
+                .or(self.background_io_cost())
+                .unwrap_or(0.0);
+            self.floor_credit -= cost;
+        }
         if !class.is_sync() {
             self.background_issues += 1;
             self.background_since_interactive += 1;
@@ -507,6 +585,13 @@ impl Adaptive {
     /// interactive work gone), if one is set.
     pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
         let share = self.share_window().map(|w| self.last_background + w);
+        // When the floor credit will pay for the next background I/O.
+        let floor = self.background_io_cost().and_then(|cost| {
+            // Only counts while background is held out; harmless otherwise.
+            let short = cost - self.floor_credit;
+            (short > 0.0).then(|| now.saturating_add((short / FLOOR_SHARE).ceil() as Nanos))
+        });
+        let share = share.into_iter().chain(floor).min();
         let gone = self
             .interactive_service()
             .is_some()

@@ -281,7 +281,7 @@ impl IoQueue {
             }
             Mode::Adaptive => {
                 let activity = self.activity();
-                self.adaptive.issued(class, now, &activity)
+                self.adaptive.issued(class, now, &activity, dispatch.length)
             }
             Mode::Fifo => 0,
         };

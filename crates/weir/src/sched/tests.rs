@@ -441,3 +441,48 @@ fn adaptive_does_not_take_a_clients_turnaround_for_a_pause() {
         "the pause is filled"
     );
 }
+
+/// A closed-loop reader that never pauses (its next read waits as the
+/// last completes) beside a queue of 1 MiB writeback on a serial device:
+/// a read takes 10 ms, a writeback 10 ms. Returns the device time each
+/// class got.
+fn dense_reader_beside(class: IoClass) -> (u64, u64) {
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let mut now = clean_reads(&mut queue, 0, 10_000_000);
+    for id in 0..400 {
+        let mut write = io(10_000 + id, class, id << 20, 1 << 20);
+        write.write = true;
+        queue.enqueue(write, now);
+    }
+    let (mut read_ns, mut background_ns) = (0, 0);
+    for id in 0..400 {
+        queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 20, 4096), now);
+        // The device serves what was sent one at a time, 10 ms each.
+        for d in drain(&mut queue, now) {
+            now += 10_000_000;
+            if d.class.is_sync() {
+                read_ns += 10_000_000;
+            } else {
+                background_ns += 10_000_000;
+            }
+            queue.complete(d.id, now);
+        }
+    }
+    (read_ns, background_ns)
+}
+
+#[test]
+fn adaptive_gives_writeback_half_the_device_beside_a_reader_that_never_pauses() {
+    let (read_ns, writeback_ns) = dense_reader_beside(IoClass::AsyncWrite);
+    let share = writeback_ns as f64 / (read_ns + writeback_ns) as f64;
+    assert!(
+        (0.35..=0.6).contains(&share),
+        "writeback got {share:.2} of the device"
+    );
+    // A scrub has no floor: it runs in the gaps and by the share window.
+    let (read_ns, scrub_ns) = dense_reader_beside(IoClass::Scrub);
+    assert!(
+        scrub_ns * 4 < read_ns,
+        "scrub {scrub_ns} ns, reads {read_ns} ns"
+    );
+}
