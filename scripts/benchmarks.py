@@ -33,7 +33,9 @@ SCENARIOS = {  # name: (weir bench arguments, what it shows)
                   "the device queue's modes with a scrub beside random readers on HDD, SSD and NVMe mirrors"),
     "mirror-reads": (["mirror-reads"], "the mirror read policies on mixed, equal and slowing copies"),
     "scrub-vs-randread": (["scrub-vs-randread"], "a sequential scrub starving random reads on one HDD (fifo)"),
-    "writeback-vs-randread": (["writeback-vs-randread"], "a burst of writes stalling reads on a SATA SSD (fifo)"),
+    "writeback-vs-randread": (["writeback-vs-randread"],
+                              "a 1 MiB writer beside a 4 KiB random reader through the write-back cache, "
+                              "under no throttle, Linux wbt and weir's adaptive queue, on HDD, SSD and NVMe"),
 }
 
 
@@ -68,6 +70,19 @@ def last_table(text):
     return "\n".join(tables[-1]) if tables else ""
 
 
+def scenario_tail(text):
+    """A scenario's reference notes and checks: what it prints after the
+    last stream histogram, up to its rerun line."""
+    lines = text.splitlines()
+    start = 0
+    for i, line in enumerate(lines):
+        if "latency, log2 histogram" in line:
+            start = i + 2
+    end = next((i for i, line in enumerate(lines) if line.startswith("rerun:")), len(lines))
+    tail = "\n".join(lines[start:end]).strip()
+    return tail or last_table(text)
+
+
 def run_scenario(name, mode):
     args, _ = SCENARIOS[name]
     cmd = [WEIR, "bench", *args, f"--{mode}", "--out", MODELS]
@@ -79,7 +94,7 @@ def run_scenario(name, mode):
     shown = ["weir", "bench", *args, f"--{mode}", "--out", "bench/results/models"]
     with open(os.path.join(MODELS, f"{name}-{mode}.md"), "w") as f:
         f.write(f"Date: {now()}  \nMachine: {machine()}  \nCommand: `{shlex.join(shown)}`  \n"
-                f"Exit status: {code}\n\n{last_table(output)}\n")
+                f"Exit status: {code}\n\n{scenario_tail(output)}\n")
     return code
 
 

@@ -20,6 +20,7 @@ pub mod real;
 pub mod report;
 pub mod scenarios;
 pub mod served;
+pub mod writeback;
 
 use std::path::{Path, PathBuf};
 

@@ -112,9 +112,63 @@ pub fn write(report: &Report, path: &Path) -> std::io::Result<()> {
     std::fs::write(path, render(report).encode())
 }
 
+/// What a step plot's vertical axis shows.
+#[derive(Clone, Copy)]
+pub enum YScale {
+    /// A share, 0 to 1.
+    Share,
+    /// A latency in microseconds, on a log scale from 10 us to 10 s.
+    LatencyUs,
+}
+
+impl YScale {
+    /// Where `value` sits, from 0 (bottom) to 1 (top).
+    fn position(self, value: f64) -> f64 {
+        match self {
+            YScale::Share => value.clamp(0.0, 1.0),
+            YScale::LatencyUs => ((value.max(1.0).log10() - 1.0) / 6.0).clamp(0.0, 1.0),
+        }
+    }
+
+    fn ticks(self) -> Vec<(f64, String)> {
+        match self {
+            YScale::Share => (0..=10)
+                .map(|tenth| {
+                    let share = tenth as f64 / 10.0;
+                    (share, format!("{share:.1}"))
+                })
+                .collect(),
+            YScale::LatencyUs => ["10us", "100us", "1ms", "10ms", "100ms", "1s", "10s"]
+                .iter()
+                .enumerate()
+                .map(|(i, label)| (10f64.powi(i as i32 + 1), label.to_string()))
+                .collect(),
+        }
+    }
+}
+
 /// A line per policy of one copy's share of reads (0 to 1) over time, with
 /// the window of a fault shaded. Each line: (name, step in s, shares).
 pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<f64>)]) -> Canvas {
+    step_plot(
+        title,
+        YScale::Share,
+        shaded_s,
+        lines,
+        "time (s), shaded: the copy is slowed",
+    )
+}
+
+/// Lines of values over time, each (name, step in s, values), with a
+/// window shaded and `caption` under the time axis. With a latency scale,
+/// a step with no value (0) continues the line at its last level.
+pub fn step_plot(
+    title: &str,
+    scale: YScale,
+    shaded_s: (f64, f64),
+    lines: &[(String, f64, Vec<f64>)],
+    caption: &str,
+) -> Canvas {
     const HEIGHT: i64 = 420;
     let mut canvas = Canvas::new(WIDTH, HEIGHT as usize, [255, 255, 255]);
     canvas.text(MARGIN_LEFT, 15, title, 2, BLACK);
@@ -123,10 +177,10 @@ pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<
     let plot_height = bottom - top;
     let end_s = lines
         .iter()
-        .map(|(_, step, shares)| step * shares.len() as f64)
+        .map(|(_, step, values)| step * values.len() as f64)
         .fold(1.0, f64::max);
     let x_of = |s: f64| MARGIN_LEFT + (s / end_s * plot_width as f64) as i64;
-    let y_of = |share: f64| bottom - (share.clamp(0.0, 1.0) * plot_height as f64) as i64;
+    let y_of = |value: f64| bottom - (scale.position(value) * plot_height as f64) as i64;
     let (from, until) = shaded_s;
     canvas.fill(
         x_of(from),
@@ -135,12 +189,12 @@ pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<
         plot_height,
         [235, 235, 235],
     );
-    for tenth in 0..=10 {
-        let share = tenth as f64 / 10.0;
-        canvas.fill(MARGIN_LEFT, y_of(share), plot_width, 1, GREY);
-        canvas.text(20, y_of(share) - 3, &format!("{share:.1}"), 1, BLACK);
+    for (value, label) in scale.ticks() {
+        canvas.fill(MARGIN_LEFT, y_of(value), plot_width, 1, GREY);
+        canvas.text(12, y_of(value) - 3, &label, 1, BLACK);
     }
-    for second in 0..=end_s as i64 {
+    let every_s = (end_s / 20.0).ceil().max(1.0) as i64;
+    for second in (0..=end_s as i64).step_by(every_s as usize) {
         let x = x_of(second as f64);
         canvas.fill(x, bottom, 1, 4, BLACK);
         let label = format!("{second}s");
@@ -153,11 +207,16 @@ pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<
         );
     }
     canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
-    for (index, (name, step, shares)) in lines.iter().enumerate() {
+    for (index, (name, step, values)) in lines.iter().enumerate() {
         let colour = COLOURS[index % COLOURS.len()];
         let mut last: Option<(i64, i64)> = None;
-        for (i, share) in shares.iter().enumerate() {
-            let point = (x_of((i as f64 + 0.5) * step), y_of(*share));
+        for (i, value) in values.iter().enumerate() {
+            let y = match (scale, last) {
+                (YScale::LatencyUs, Some((_, y0))) if *value <= 0.0 => y0,
+                (YScale::LatencyUs, None) if *value <= 0.0 => continue,
+                _ => y_of(*value),
+            };
+            let point = (x_of((i as f64 + 0.5) * step), y);
             if let Some((x0, y0)) = last {
                 // A step: across at the old level, then up or down.
                 canvas.fill(x0, y0 - 1, point.0 - x0 + 1, 3, colour);
@@ -170,12 +229,6 @@ pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<
         canvas.fill(lx, top + 10 + index as i64 * 14, 10, 10, colour);
         canvas.text(lx + 14, top + 11 + index as i64 * 14, name, 1, BLACK);
     }
-    canvas.text(
-        MARGIN_LEFT,
-        HEIGHT - 20,
-        "time (s), shaded: the copy is slowed",
-        1,
-        BLACK,
-    );
+    canvas.text(MARGIN_LEFT, HEIGHT - 20, caption, 1, BLACK);
     canvas
 }

@@ -23,7 +23,7 @@ pub enum BenchCommand {
     Calibrate(ScenarioArgs),
     /// A sequential scrub starves 4 KiB random reads on an HDD.
     ScrubVsRandread(ScenarioArgs),
-    /// Bursts of large writes stall reads on a SATA SSD.
+    /// A 1 MiB writer beside a 4 KiB random reader, through the write-back cache under each throttle, on each model.
     WritebackVsRandread(ScenarioArgs),
     /// The device queue's modes (fifo, zfs, adaptive) with a scrub beside readers on mirrors: --sim, or --real (pools it serves).
     Scheduler(ScenarioArgs),
@@ -136,7 +136,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::WritebackVsRandread(args) => {
-            scenario(args, 10.0, scenarios::writeback_vs_randread)
+            scenario(args, 30.0, crate::bench::writeback::writeback_vs_randread)
         }
         BenchCommand::Plot(args) => plot(args),
     }

@@ -6,10 +6,12 @@
 //! read of a window took longer than a fixed target (2 ms on flash, 75 ms
 //! on a disk), it halves the writeback depth and shortens the window;
 //! a window of fast reads, or one with writes and no reads, steps it back
-//! up. Background writeback may have a quarter of the depth in flight.
-//! Left out: the rule that a read waiting longer than a window counts as
-//! exceeded even before it completes, and the separate limits for swap
-//! and for writers that had to wait (they do not arise in the simulator).
+//! up. A read still waiting after a whole window (or past the target in
+//! a window with no completed reads) counts as a miss before it
+//! completes: on a flooded device a read can take seconds. Background
+//! writeback may have a quarter of the depth in flight. Left out: the
+//! separate limits for swap and for writers that had to wait (they do not
+//! arise in the simulator).
 
 use crate::device::model::{Nanos, NANOS_PER_MS};
 
@@ -35,6 +37,8 @@ pub struct Wbt {
     max_depth: u32,
     window_end: Nanos,
     read_min_ns: Option<Nanos>,
+    /// One read being watched from its issue: (its id, when sent).
+    sync_issue: Option<(u64, Nanos)>,
     writes: u32,
     unknown_windows: u32,
 }
@@ -55,6 +59,7 @@ impl Wbt {
             max_depth: 0,
             window_end: WINDOW_NS,
             read_min_ns: None,
+            sync_issue: None,
             writes: 0,
             unknown_windows: 0,
         };
@@ -80,7 +85,17 @@ impl Wbt {
         }
     }
 
-    pub fn read_done(&mut self, latency_ns: Nanos) {
+    /// A read `id` went to the device at `now`.
+    pub fn read_sent(&mut self, id: u64, now: Nanos) {
+        if self.sync_issue.is_none() {
+            self.sync_issue = Some((id, now));
+        }
+    }
+
+    pub fn read_done(&mut self, id: u64, latency_ns: Nanos) {
+        if self.sync_issue.is_some_and(|(watched, _)| watched == id) {
+            self.sync_issue = None;
+        }
         self.read_min_ns = Some(self.read_min_ns.map_or(latency_ns, |m| m.min(latency_ns)));
     }
 
@@ -96,7 +111,8 @@ impl Wbt {
     /// Judge every window that ended by `now`.
     pub fn advance(&mut self, now: Nanos) {
         while self.window_end <= now {
-            self.judge_window();
+            let end = self.window_end;
+            self.judge_window(end);
             self.window_end += self.window_ns();
         }
     }
@@ -110,9 +126,17 @@ impl Wbt {
         }
     }
 
-    fn judge_window(&mut self) {
+    fn judge_window(&mut self, end: Nanos) {
         let read_min = self.read_min_ns.take();
         let writes = std::mem::take(&mut self.writes);
+        let waiting = self
+            .sync_issue
+            .map_or(0, |(_, sent)| end.saturating_sub(sent));
+        if waiting > self.window_ns() || (waiting > self.target_ns && read_min.is_none()) {
+            self.unknown_windows = 0;
+            self.scale_down();
+            return;
+        }
         match read_min {
             Some(min) if writes >= WRITE_SAMPLES_MIN => {
                 self.unknown_windows = 0;
@@ -196,7 +220,7 @@ mod tests {
             for _ in 0..4 {
                 wbt.write_done();
             }
-            wbt.read_done(5 * NANOS_PER_MS);
+            wbt.read_done(1, 5 * NANOS_PER_MS);
             now = wbt.next_deadline();
             wbt.advance(now);
         }
@@ -206,7 +230,7 @@ mod tests {
             for _ in 0..4 {
                 wbt.write_done();
             }
-            wbt.read_done(NANOS_PER_MS);
+            wbt.read_done(1, NANOS_PER_MS);
             now = wbt.next_deadline();
             wbt.advance(now);
         }
@@ -221,8 +245,30 @@ mod tests {
         for _ in 0..4 {
             wbt.write_done();
         }
-        wbt.read_done(20 * NANOS_PER_MS);
+        wbt.read_done(1, 20 * NANOS_PER_MS);
         wbt.advance(WINDOW_NS);
         assert_eq!(wbt.background_limit(), 12, "20 ms is fine on a disk");
+    }
+
+    #[test]
+    fn a_read_stuck_behind_writes_counts_as_a_miss_before_it_completes() {
+        let mut wbt = Wbt::new(true, 64);
+        wbt.read_sent(7, 0);
+        for _ in 0..4 {
+            wbt.write_done();
+        }
+        wbt.advance(WINDOW_NS);
+        // 100 ms waiting is over the disk's 75 ms target, with no reads done.
+        assert_eq!(wbt.background_limit(), 8, "64 -> 32");
+        wbt.advance(WINDOW_NS + wbt.window_ns());
+        assert_eq!(wbt.background_limit(), 4, "still waiting: 32 -> 16");
+        wbt.read_done(7, 200 * NANOS_PER_MS);
+        for _ in 0..4 {
+            wbt.write_done();
+        }
+        wbt.read_sent(8, wbt.next_deadline() - 1);
+        wbt.read_done(8, NANOS_PER_MS);
+        wbt.advance(wbt.next_deadline());
+        assert_eq!(wbt.background_limit(), 8, "fast again: 16 -> 32");
     }
 }

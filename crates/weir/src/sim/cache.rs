@@ -15,7 +15,7 @@
 //! ```
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +117,13 @@ pub(super) struct SimCache {
     parts: HashMap<u64, (u64, usize)>,
     /// Direct writes' requests -> (offset, length).
     directs: HashMap<u64, (u64, u64)>,
+    /// Direct writes the dirty map let go, waiting for wbt's depth:
+    /// (the map's id, request). wbt holds back all buffered writes;
+    /// these stand for the writer that Linux would block until its
+    /// pages were written back.
+    directs_ready: VecDeque<(u64, u64)>,
+    /// Direct write parts in flight -> device, counted against wbt's depth.
+    direct_parts: HashMap<u64, usize>,
     /// Client read parts -> (device, when sent), for wbt's samples.
     read_parts: HashMap<u64, (usize, Nanos)>,
     /// Cached writes' replies, held for the budget's pause: (when, request).
@@ -155,6 +162,8 @@ impl SimCache {
             writebacks: HashMap::new(),
             parts: HashMap::new(),
             directs: HashMap::new(),
+            directs_ready: VecDeque::new(),
+            direct_parts: HashMap::new(),
             read_parts: HashMap::new(),
             replies: BinaryHeap::new(),
             next_tick: nanos(SETTLE_TICK),
@@ -201,7 +210,9 @@ impl SimCache {
 
     /// A client read part went to `device`: wbt learns its latency.
     pub(super) fn read_sent(&mut self, part: u64, device: usize, now: Nanos) {
-        if !self.wbt.is_empty() {
+        if let Some(wbt) = self.wbt.get_mut(device) {
+            wbt.advance(now);
+            wbt.read_sent(part, now);
             self.read_parts.insert(part, (device, now));
         }
     }
@@ -287,8 +298,18 @@ impl Simulation {
                 self.send_write_part(device, part, class, writeback.start, length, now);
             }
         }
-        for (direct, request) in ready.directs {
-            let (offset, length) = self.cache.as_ref().expect("a cache").directs[&request];
+        let cache = self.cache.as_mut().expect("a cache");
+        cache.directs_ready.extend(ready.directs);
+        loop {
+            let cache = self.cache.as_mut().expect("a cache");
+            let gated = cache.throttle == WbThrottle::Wbt;
+            if gated && cache.slots() == 0 {
+                break;
+            }
+            let Some((direct, request)) = cache.directs_ready.pop_front() else {
+                break;
+            };
+            let (offset, length) = cache.directs[&request];
             let pending = self
                 .pending
                 .get_mut(&request)
@@ -299,6 +320,11 @@ impl Simulation {
                 let part = self.next_id;
                 self.next_id += 1;
                 self.parts.insert(part, request);
+                if gated {
+                    let cache = self.cache.as_mut().expect("a cache");
+                    cache.direct_parts.insert(part, device);
+                    cache.in_flight[device] += 1;
+                }
                 // Write-back that could not wait: its class, as in the server.
                 self.send_write_part(device, part, IoClass::AsyncWrite, offset, length, now);
             }
@@ -339,7 +365,14 @@ impl Simulation {
         };
         if let Some((device, sent)) = cache.read_parts.remove(&part) {
             cache.wbt[device].advance(at);
-            cache.wbt[device].read_done(at - sent);
+            cache.wbt[device].read_done(part, at - sent);
+            return false;
+        }
+        if let Some(device) = cache.direct_parts.remove(&part) {
+            // The request's own completion follows; only wbt counts it here.
+            cache.in_flight[device] -= 1;
+            cache.wbt[device].advance(at);
+            cache.wbt[device].write_done();
             return false;
         }
         let Some((id, device)) = cache.parts.remove(&part) else {
