@@ -245,6 +245,9 @@ fn report(scenario: &str, targets_mode: &str, seconds: f64, seed: u64, runs: Vec
     }
 }
 
+/// Reader jobs in the Micron 1100 figures.
+const MICRON_READERS: usize = 20;
+
 pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
     let hdd = targets.target(HDD)?;
     let ssd = targets.target(SSD)?;
@@ -274,7 +277,52 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     for (label, target, job) in plan {
         runs.push(run_jobs(label, target, &jobs(&[job]), seconds, seed)?);
     }
+    // The Micron 1100 figures (a SATA TLC SSD, in the discussion behind
+    // Linux's writeback throttle): 20 fio jobs of 4 KiB random reads at
+    // QD1, alone and beside dd writing 1 MiB O_DIRECT, and dd alone.
+    let readers: Vec<String> = (0..MICRON_READERS)
+        .map(|i| format!("name=r{i},rw=randread,bs=4k,qd=1"))
+        .collect();
+    let reader_refs: Vec<&str> = readers.iter().map(String::as_str).collect();
+    let mut beside = reader_refs.clone();
+    beside.push("name=w,rw=write,bs=1m,qd=1");
+    let sustained = [
+        "name=fresh,rw=write,bs=1m,qd=8,stop=4",
+        "name=filling,rw=write,bs=1m,qd=8,offset=8g,start=4,stop=20",
+        "name=full,rw=write,bs=1m,qd=8,offset=24g,start=20,stop=30",
+    ];
+    let micron = [
+        ("ssd-20-readers", &ssd, jobs(&reader_refs), seconds),
+        ("ssd-20-readers-beside-writer", &ssd, jobs(&beside), seconds),
+        (
+            "ssd-write-qd1",
+            &ssd,
+            jobs(&["name=w,rw=write,bs=1m,qd=1"]),
+            seconds,
+        ),
+        ("ssd-write-sustained", &ssd, jobs(&sustained), 30.0),
+        ("nvme-write-sustained", &nvme, jobs(&sustained), 30.0),
+    ];
+    for (label, target, job_list, run_seconds) in micron {
+        runs.push(run_jobs(label, target, &job_list, run_seconds, seed)?);
+    }
     let io = |i: usize| stream(&runs[i], "io");
+    // The median over the reader streams of one figure.
+    let readers_median = |run: &Run, figure: fn(&Stream) -> f64| {
+        let mut values: Vec<f64> = run
+            .streams
+            .iter()
+            .filter(|s| s.name.starts_with('r'))
+            .map(figure)
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let micron_run = |label: &str| {
+        runs.iter()
+            .find(|r| r.label == label)
+            .expect("calibration run")
+    };
     let hdd_qd1 = io(0).iops;
     let checks = vec![
         Check::range(
@@ -324,8 +372,65 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             "SSD 4K random read QD32",
             "IOPS",
             io(6).iops,
-            85_000.0,
-            105_000.0,
+            75_000.0,
+            95_000.0,
+        ),
+        Check::range(
+            "SSD 4K random read QD1, p99 / p50 (reads vary)",
+            "x",
+            io(4).latency_us.p99 / io(4).latency_us.p50.max(1e-9),
+            1.2,
+            4.0,
+        ),
+        Check::range(
+            "SSD 4K random read, 20 jobs at QD1, p50 (Micron 1100: 225 us)",
+            "us",
+            readers_median(micron_run("ssd-20-readers"), |s| s.latency_us.p50),
+            180.0,
+            270.0,
+        ),
+        Check::range(
+            "SSD 4K random read, 20 jobs at QD1, p99 (Micron 1100: 580 us)",
+            "us",
+            readers_median(micron_run("ssd-20-readers"), |s| s.latency_us.p99),
+            300.0,
+            750.0,
+        ),
+        Check::range(
+            "SSD 1M writes at QD1 (Micron 1100: 424 MB/s)",
+            "MB/s",
+            stream(micron_run("ssd-write-qd1"), "w").mb_per_s,
+            380.0,
+            470.0,
+        ),
+        Check::range(
+            "SSD 20 readers beside a 1M QD1 writer, p99 (Micron 1100: 2672 us)",
+            "us",
+            readers_median(micron_run("ssd-20-readers-beside-writer"), |s| {
+                s.latency_us.p99
+            }),
+            1500.0,
+            4500.0,
+        ),
+        Check::range(
+            "SSD sustained 1M writes, spare used up / fresh",
+            "x",
+            stream(micron_run("ssd-write-sustained"), "full").mb_per_s
+                / stream(micron_run("ssd-write-sustained"), "fresh")
+                    .mb_per_s
+                    .max(1e-9),
+            0.4,
+            0.8,
+        ),
+        Check::range(
+            "NVMe sustained 1M writes, spare used up / fresh",
+            "x",
+            stream(micron_run("nvme-write-sustained"), "full").mb_per_s
+                / stream(micron_run("nvme-write-sustained"), "fresh")
+                    .mb_per_s
+                    .max(1e-9),
+            0.3,
+            0.8,
         ),
         Check::range(
             "NVMe 4K random read QD1, mean",

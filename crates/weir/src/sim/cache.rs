@@ -10,7 +10,7 @@
 //!   pump ──> writebacks (runs up to 1 MiB) to every copy, async-write class,
 //!            as many as the throttle lets go:
 //!              adaptive: all; the devices' adaptive queues hold them back
-//!              none:     all, to fifo queues (writeback with no control)
+//!              none:     up to Linux's queue depth (64), to fifo queues
 //!              wbt:      Linux wbt's depth per device, to fifo queues
 //! ```
 
@@ -32,7 +32,7 @@ pub enum WbThrottle {
     /// weir's: the adaptive device queue, from the read latency it measures.
     #[default]
     Adaptive,
-    /// None: every writeback the cache has goes to a fifo queue, as in
+    /// None: writeback fills a fifo request queue of Linux's depth, as in
     /// Linux before wbt.
     None,
     /// Linux's wbt: fixed latency targets per kind of device.
@@ -187,6 +187,10 @@ impl SimCache {
 
     /// Writebacks the throttle lets start now.
     fn slots(&self) -> usize {
+        if self.throttle == WbThrottle::None {
+            // Linux before wbt: writeback fills the request queue.
+            return (WBT_QUEUE_DEPTH as usize).saturating_sub(self.writebacks.len());
+        }
         let cache = WRITEBACK_SLOTS.saturating_sub(self.writebacks.len());
         if self.throttle != WbThrottle::Wbt {
             return cache;

@@ -153,7 +153,7 @@ impl ModelSpec {
     pub fn timing_model(&self) -> Box<dyn TimingModel> {
         match &self.timing {
             Timing::Hdd(p) => Box::new(Hdd::new(p.clone())),
-            Timing::Flash(p) => Box::new(Flash::new(p.clone())),
+            Timing::Flash(p) => Box::new(Flash::new(p.clone(), self.seed)),
         }
     }
 
@@ -193,6 +193,16 @@ fn mb_per_sec(value: &str) -> Result<u64, String> {
         return Err("a rate must be positive".into());
     }
     Ok(rate)
+}
+
+/// A number from 0 to 1.
+fn fraction(value: &str) -> Result<f64, String> {
+    let x: f64 = number(value)?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err("want a number from 0 to 1".into())
+    }
 }
 
 fn switch(value: &str) -> Result<bool, String> {
@@ -254,8 +264,14 @@ fn set_flash(p: &mut FlashParams, key: &str, value: &str) -> Result<bool, String
         "write_buffer" => p.write_buffer_bytes = positive(parse_bytes(value)?)?,
         "plp" => p.plp = switch(value)?,
         "flush_us" => p.flush_ns = micros(value)?,
-        "gc" => p.gc_every_programs = if switch(value)? { 8 } else { 0 },
+        "gc" => p.gc_every_programs = if switch(value)? { 4 } else { 0 },
         "erase_us" => p.erase_ns = micros(value)?,
+        "gc_mb_s" => p.gc_bytes_per_sec = mb_per_sec(value)?,
+        "spare" => p.spare_bytes = parse_bytes(value)?,
+        "reclaim_mb_s" => p.reclaim_bytes_per_sec = mb_per_sec(value)?,
+        "read_spread" => p.read_spread = fraction(value)?,
+        "read_retry_ppm" => p.read_retry_ppm = number(value)?,
+        "write_ack_us" => p.write_ack_ns = micros(value)?,
         _ => return Ok(false),
     }
     if p.write_buffer_bytes < 2 * p.program_bytes {
