@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,writeback-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -187,6 +187,15 @@ compare measured figures with expected ranges; what the figures mean is in
             scenario_parts.append(section(path, f"`weir bench {name}`, {label}",
                                           f"Shows {what}. The JSON report and its plot are in "
                                           f"bench/results/models/."))
+    scenario_parts.append(section(os.path.join(RESULTS, "writeback-matrix.md"),
+                                  "Writeback throttles over a matrix, virtual time",
+                                  """`bench/writeback_matrix.py`: on each device model, each reader alone and
+beside each writer through the write-back cache under each writeback
+throttle (`--wb-throttle none|wbt|adaptive`, see [bench.md](bench.md)).
+Readers: 4 KiB random at QD1 and QD8, 64 KiB random at QD4, and an open-loop
+4 KiB reader at half the IOPS the QD1 reader gets alone. Writers: 1 MiB
+sequential at QD8, 64 KiB random at QD4, 128 KiB sequential at QD1. Each
+cell: the reader's p99 over its p99 alone, and the writer's MB/s."""))
     write(SCENARIO_PAGE, scenario_parts)
 
 
@@ -198,7 +207,7 @@ def write(path, parts):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    everything = "peers,pool,pool-scaling,cache," + ",".join(SCENARIOS)
+    everything = "peers,pool,pool-scaling,cache,writeback-matrix," + ",".join(SCENARIOS)
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -219,6 +228,8 @@ def main():
             failed += run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"]) != 0
         if "cache" in wanted:
             failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
+        if "writeback-matrix" in wanted:
+            failed += run(["bench/writeback_matrix.py"]) != 0
         for name in SCENARIOS:
             if name in wanted:
                 # A scenario's exit status is in its table: missed checks

@@ -211,14 +211,14 @@ pub fn scrub_job(copies: usize) -> String {
     format!("name=scrub,rw=read,bs=1m,qd={},class=scrub", 4 * copies)
 }
 
-fn jobs(texts: &[&str]) -> Vec<JobSpec> {
+pub(super) fn jobs(texts: &[&str]) -> Vec<JobSpec> {
     texts
         .iter()
         .map(|t| JobSpec::parse(t).expect("scenario jobs are valid"))
         .collect()
 }
 
-fn stream<'a>(run: &'a Run, name: &str) -> &'a Stream {
+pub(super) fn stream<'a>(run: &'a Run, name: &str) -> &'a Stream {
     run.streams
         .iter()
         .find(|s| s.name == name)
@@ -323,6 +323,11 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             .find(|r| r.label == label)
             .expect("calibration run")
     };
+    // Sustained writes once the spare is used up, over the fresh drive's.
+    let used_up_over_fresh = |label: &str| {
+        let run = micron_run(label);
+        stream(run, "full").mb_per_s / stream(run, "fresh").mb_per_s.max(1e-9)
+    };
     let hdd_qd1 = io(0).iops;
     let checks = vec![
         Check::range(
@@ -415,20 +420,14 @@ pub fn calibrate(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
         Check::range(
             "SSD sustained 1M writes, spare used up / fresh",
             "x",
-            stream(micron_run("ssd-write-sustained"), "full").mb_per_s
-                / stream(micron_run("ssd-write-sustained"), "fresh")
-                    .mb_per_s
-                    .max(1e-9),
+            used_up_over_fresh("ssd-write-sustained"),
             0.4,
             0.8,
         ),
         Check::range(
             "NVMe sustained 1M writes, spare used up / fresh",
             "x",
-            stream(micron_run("nvme-write-sustained"), "full").mb_per_s
-                / stream(micron_run("nvme-write-sustained"), "fresh")
-                    .mb_per_s
-                    .max(1e-9),
+            used_up_over_fresh("nvme-write-sustained"),
             0.3,
             0.8,
         ),

@@ -17,9 +17,9 @@
 use std::fmt::Write as _;
 
 use super::plot::{step_plot, YScale};
-use super::report::{Report, Run, Stream};
+use super::report::{Report, Run};
 use super::run_jobs;
-use super::scenarios::{model, Check, Outcome, Targets, HDD, NVME, SSD};
+use super::scenarios::{self, model, stream, Check, Outcome, Targets, HDD, NVME, SSD};
 use super::Target;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
@@ -43,17 +43,8 @@ const FRONTIER_BOUND: f64 = 2.0;
 const PACED_SIZES: [(&str, u64); 3] = [("64k", 64 << 10), ("1m", 1 << 20), ("4m", 4 << 20)];
 
 fn jobs(texts: &[String]) -> Vec<JobSpec> {
-    texts
-        .iter()
-        .map(|t| JobSpec::parse(t).expect("scenario jobs are valid"))
-        .collect()
-}
-
-fn stream<'a>(run: &'a Run, name: &str) -> &'a Stream {
-    run.streams
-        .iter()
-        .find(|s| s.name == name)
-        .expect("scenario streams exist")
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    scenarios::jobs(&texts)
 }
 
 fn sim(device: &str, mode: Mode, cache: Option<WbThrottle>) -> anyhow::Result<Target> {

@@ -237,18 +237,8 @@ impl Simulation {
         length: u64,
     ) {
         let now = self.now;
-        self.pending.insert(
-            id,
-            Pending {
-                job,
-                arrived,
-                bytes: length,
-                fails: false,
-                parts_left: 0,
-                scrub_device: None,
-                direct: None,
-            },
-        );
+        self.pending
+            .insert(id, Pending::client(job, arrived, length, 0));
         let cache = self.cache.as_mut().expect("a cache");
         if cache.budget.would_exceed(length) {
             cache.run.direct_writes += 1;

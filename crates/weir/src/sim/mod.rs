@@ -102,6 +102,21 @@ struct Pending {
     direct: Option<u64>,
 }
 
+impl Pending {
+    /// A client request of `bytes` from `job`, waiting for `parts_left` device I/Os.
+    fn client(job: usize, arrived: Nanos, bytes: u64, parts_left: u32) -> Pending {
+        Pending {
+            job,
+            arrived,
+            bytes,
+            fails: false,
+            parts_left,
+            scrub_device: None,
+            direct: None,
+        }
+    }
+}
+
 struct SimDevice {
     model: Box<dyn TimingModel>,
     spec: ModelSpec,
@@ -518,36 +533,17 @@ impl Simulation {
                 && cache.covers(offset, offset + length)
             {
                 // Every byte is in memory: answered at once.
-                self.pending.insert(
-                    id,
-                    Pending {
-                        job: index,
-                        arrived,
-                        bytes: length,
-                        fails: false,
-                        parts_left: 0,
-                        scrub_device: None,
-                        direct: None,
-                    },
-                );
+                self.pending
+                    .insert(id, Pending::client(index, arrived, length, 0));
                 cache.replies.push(Reverse((now, id)));
                 return;
             }
         }
         let targets = self.targets(index, class, kind, offset, length);
-        self.pending.insert(
-            id,
-            Pending {
-                job: index,
-                arrived,
-                bytes: length,
-                fails: false,
-                parts_left: targets.len() as u32,
-                scrub_device: matches!(class, IoClass::Scrub | IoClass::Resilver)
-                    .then(|| targets[0].0),
-                direct: None,
-            },
-        );
+        let mut pending = Pending::client(index, arrived, length, targets.len() as u32);
+        pending.scrub_device =
+            matches!(class, IoClass::Scrub | IoClass::Resilver).then(|| targets[0].0);
+        self.pending.insert(id, pending);
         let client_read =
             kind == IoKind::Read && !matches!(class, IoClass::Scrub | IoClass::Resilver);
         for (device_index, at, choice) in targets {
