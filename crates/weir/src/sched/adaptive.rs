@@ -139,6 +139,8 @@ pub struct Adaptive {
     floor_at: Nanos,
     /// The I/O being chosen goes by the floor and spends its credit.
     floor_grant: bool,
+    /// Writeback is held out beside interactive work: credit accrues.
+    floor_accruing: bool,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
     /// Decaying length (ns) of the gaps between interactive busy
@@ -168,6 +170,7 @@ impl Default for Adaptive {
             floor_credit: 0.0,
             floor_at: 0,
             floor_grant: false,
+            floor_accruing: false,
             gap_period: Ewma::default(),
             busy_since: None,
             gap_since: None,
@@ -379,7 +382,8 @@ impl Adaptive {
         self.floor_at = now;
         let writeback = &queued[IoClass::AsyncWrite as usize];
         let held_out = writeback.queued > 0 && writeback.active == 0;
-        if !held_out || !self.interactive_present(queued, now) {
+        self.floor_accruing = held_out && self.interactive_present(queued, now);
+        if !self.floor_accruing {
             // Nothing held back: the floor is not owed.
             self.floor_credit = self.floor_credit.min(0.0);
             return;
@@ -586,11 +590,13 @@ impl Adaptive {
     pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
         let share = self.share_window().map(|w| self.last_background + w);
         // When the floor credit will pay for the next background I/O.
-        let floor = self.background_io_cost().and_then(|cost| {
-            // Only counts while background is held out; harmless otherwise.
-            let short = cost - self.floor_credit;
-            (short > 0.0).then(|| now.saturating_add((short / FLOOR_SHARE).ceil() as Nanos))
-        });
+        let floor = self
+            .background_io_cost()
+            .filter(|_| self.floor_accruing)
+            .and_then(|cost| {
+                let short = cost - self.floor_credit;
+                (short > 0.0).then(|| now.saturating_add((short / FLOOR_SHARE).ceil() as Nanos))
+            });
         let share = share.into_iter().chain(floor).min();
         let gone = self
             .interactive_service()
