@@ -76,15 +76,6 @@ impl Wbt {
         }
     }
 
-    /// The same for writeback someone waits on (a flush).
-    pub fn normal_limit(&self) -> u32 {
-        if self.max_depth <= 1 {
-            1
-        } else {
-            self.max_depth.div_ceil(2)
-        }
-    }
-
     /// A read `id` went to the device at `now`.
     pub fn read_sent(&mut self, id: u64, now: Nanos) {
         if self.sync_issue.is_none() {
