@@ -165,8 +165,12 @@ struct Die {
 }
 
 impl Die {
-    /// Forget work that ended by `now`. Bookings come in the order of the
-    /// commands, whose times only grow, so nothing later books before it.
+    /// Forget work that ended by `now`, the current command's time. Command
+    /// times only grow, and nothing books before its command, so nothing
+    /// later needs it. Pruning by a booking's own start would be wrong: a
+    /// program booked to start in the future (its data still queued on
+    /// the link) would erase the programs running now, and a read
+    /// arriving now would find their die free.
     fn prune(&mut self, now: Nanos) {
         while self.busy.front().is_some_and(|(_, end)| *end <= now) {
             self.busy.pop_front();
@@ -178,16 +182,16 @@ impl Die {
     }
 
     /// Book `length` after everything booked, from `from` on; returns its end.
-    fn book_last(&mut self, from: Nanos, length: Nanos) -> Nanos {
-        self.prune(from);
+    fn book_last(&mut self, now: Nanos, from: Nanos, length: Nanos) -> Nanos {
+        self.prune(now);
         let start = from.max(self.free_at());
         self.busy.push_back((start, start + length));
         start + length
     }
 
     /// Book `length` in the first gap from `from` on; returns its end.
-    fn book_gap(&mut self, from: Nanos, length: Nanos) -> Nanos {
-        self.prune(from);
+    fn book_gap(&mut self, now: Nanos, from: Nanos, length: Nanos) -> Nanos {
+        self.prune(now);
         let mut at = from;
         for (index, (start, end)) in self.busy.iter().enumerate() {
             if at + length <= *start {
@@ -306,7 +310,7 @@ impl Flash {
         for index in first..=last {
             let read_ns = slowed(self.page_read_ns(index), self.slowdown);
             let die = &mut self.dies[(index % dies) as usize];
-            data_ready = data_ready.max(die.book_gap(start, read_ns));
+            data_ready = data_ready.max(die.book_gap(start, start, read_ns));
         }
         self.link(data_ready, io.length)
     }
@@ -354,7 +358,7 @@ impl Flash {
             let part = left.min(self.params.write_buffer_bytes - self.params.program_bytes);
             let room = self.buffer_room_at(at, part);
             let in_buffer = self.link(room, part);
-            self.schedule_programs(in_buffer, part, false);
+            self.schedule_programs(start, in_buffer, part, false);
             at = in_buffer;
             left -= part;
         }
@@ -400,7 +404,7 @@ impl Flash {
     /// Buffered writes are programmed in whole units, whatever their
     /// addresses (the drive's mapping is log-structured); a flush programs
     /// the partial unit too.
-    fn schedule_programs(&mut self, from: Nanos, bytes: u64, partial_too: bool) {
+    fn schedule_programs(&mut self, now: Nanos, from: Nanos, bytes: u64, partial_too: bool) {
         let unit = self.params.program_bytes;
         self.unprogrammed_bytes += bytes;
         while self.unprogrammed_bytes >= unit || (partial_too && self.unprogrammed_bytes > 0) {
@@ -410,7 +414,7 @@ impl Flash {
             self.next_program_die = (self.next_program_die + 1) % self.params.dies;
             self.dies[index].programs += 1;
             let (ready, busy) = self.program_slot(from, take, self.dies[index].programs);
-            let done = self.dies[index].book_last(ready, slowed(busy, self.slowdown));
+            let done = self.dies[index].book_last(now, ready, slowed(busy, self.slowdown));
             self.programs.push_back((done, take));
         }
     }
@@ -419,7 +423,7 @@ impl Flash {
         if self.params.plp {
             return start;
         }
-        self.schedule_programs(start, 0, true);
+        self.schedule_programs(start, start, 0, true);
         let drained = self
             .programs
             .iter()

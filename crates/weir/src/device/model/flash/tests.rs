@@ -102,6 +102,35 @@ fn a_write_stream_puts_some_reads_behind_programs_and_leaves_most_alone() {
 }
 
 #[test]
+fn a_program_booked_for_later_does_not_hide_the_one_running_now() {
+    // Two dies. Write A (one program unit) lands in the buffer at about
+    // 0.5 ms and programs die 0 until about 3 ms. Write B, sent just
+    // after, waits for the link behind A and lands at about 4.3 ms; one of
+    // its programs is booked on die 0 from then. A read of die 0 at 1 ms
+    // must still wait for A's program.
+    let mut p = steady_ssd();
+    p.dies = 2;
+    let mut ssd = Flash::new(p.clone(), 1);
+    ssd.submit(io(1, IoKind::Write, GIB, p.program_bytes), 0);
+    ssd.submit(io(2, IoKind::Write, 2 * GIB, 2 << 20), 10 * NANOS_PER_US);
+    let mut done = Vec::new();
+    let read_at = NANOS_PER_MS;
+    ssd.advance(read_at, &mut done);
+    ssd.submit(io(3, IoKind::Read, 0, 4096), read_at);
+    let read_done = drain(&mut ssd)
+        .into_iter()
+        .find(|(id, _)| *id == 3)
+        .expect("the read completes")
+        .1;
+    let program_end = read_at + p.program_ns / 2;
+    assert!(
+        read_done > program_end,
+        "the read finished {} us after it was sent, inside A's program",
+        (read_done - read_at) / NANOS_PER_US
+    );
+}
+
+#[test]
 fn once_the_spare_is_used_up_writes_slow_down_and_idle_time_reclaims_it() {
     let mut p = steady_ssd();
     p.spare_bytes = 64 << 20;
