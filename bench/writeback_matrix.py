@@ -3,10 +3,14 @@
 virtual time: each reader alone, then beside each writer through the cache
 under each throttle (none, wbt, adaptive), on the HDD, SSD and NVMe models.
 
-Usage: bench/writeback_matrix.py [--seconds S] [--out bench/results/writeback-matrix.md]
+Usage: bench/writeback_matrix.py [--seconds S] [--seeds N] [--out bench/results/writeback-matrix.md]
+(WEIR_BIN names another build of weir to run.)
 
 For each cell it reports the reader's p99 over its p99 alone, and the
-writer's MB/s. Needs target/release/weir (cargo build --release).
+writer's MB/s, each the median over N seeds (3 by default): an open-loop
+reader near its device's capacity queues up or not by chance, and one
+seed can make a throttle look better or worse than it is. Needs
+target/release/weir (cargo build --release).
 """
 
 import argparse
@@ -15,12 +19,13 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WEIR = os.path.join(ROOT, "target", "release", "weir")
+WEIR = os.environ.get("WEIR_BIN", os.path.join(ROOT, "target", "release", "weir"))
 DEVICES = ["hdd", "ssd", "nvme"]
 # Readers: closed loop at QD 1, 8 and 4 with 4 KiB-64 KiB blocks, and
 # open loop at half the rate the QD1 reader gets alone.
@@ -38,10 +43,10 @@ WRITERS = [
 THROTTLES = ["none", "wbt", "adaptive"]
 
 
-def run(device, jobs, seconds, cache=None):
+def run(device, jobs, seconds, cache=None, seed=1):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [WEIR, "bench", "run", "--sim", "--device", f"model:{device},size=64G",
-               "--seconds", str(seconds), "--json", out.name]
+               "--seconds", str(seconds), "--seed", str(seed), "--json", out.name]
         if cache:
             cmd += ["--cache", "writeback", "--wb-throttle", cache]
         else:
@@ -56,6 +61,7 @@ def run(device, jobs, seconds, cache=None):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "writeback-matrix.md"))
     args = parser.parse_args()
     if not os.path.exists(WEIR):
@@ -70,18 +76,22 @@ def main():
                 rate = max(1.0, 0.5 * qd1["iops"])
                 reader = f"rw=randread,bs=4k,qd=8,rate={rate:.0f}/s"
             reader_job = f"name=r,{reader},{window}"
-            idle = run(device, [reader_job], args.seconds)["r"]
-            idle_p99 = max(idle["latency_us"]["p99"], 1e-9)
+            seeds = range(1, args.seeds + 1)
+            idle_p99 = statistics.median(
+                max(run(device, [reader_job], args.seconds, seed=seed)["r"]["latency_us"]["p99"], 1e-9)
+                for seed in seeds)
             for writer_name, writer in WRITERS:
                 cells = []
                 for throttle in THROTTLES:
-                    s = run(device, [reader_job, f"name=w,{writer},{window}"], args.seconds, throttle)
-                    cells.append((s["r"]["latency_us"]["p99"] / idle_p99, s["w"]["mb_per_s"]))
+                    runs = [run(device, [reader_job, f"name=w,{writer},{window}"], args.seconds,
+                                throttle, seed) for seed in seeds]
+                    cells.append((statistics.median(s["r"]["latency_us"]["p99"] for s in runs) / idle_p99,
+                                  statistics.median(s["w"]["mb_per_s"] for s in runs)))
                 rows.append((device, reader_name, writer_name, idle_p99, cells))
                 print(device, reader_name, writer_name,
                       " | ".join(f"{t} {p:.1f}x {w:.0f} MB/s" for t, (p, w) in zip(THROTTLES, cells)),
                       flush=True)
-    shown = ["bench/writeback_matrix.py", "--seconds", str(args.seconds)]
+    shown = ["bench/writeback_matrix.py", "--seconds", str(args.seconds), "--seeds", str(args.seeds)]
     head = (f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}  \n"
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, kernel {platform.release()}  \n"
             f"Command: `{shlex.join(shown)}`\n\n")

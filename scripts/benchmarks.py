@@ -195,7 +195,8 @@ throttle (`--wb-throttle none|wbt|adaptive`, see [bench.md](bench.md)).
 Readers: 4 KiB random at QD1 and QD8, 64 KiB random at QD4, and an open-loop
 4 KiB reader at half the IOPS the QD1 reader gets alone. Writers: 1 MiB
 sequential at QD8, 64 KiB random at QD4, 128 KiB sequential at QD1. Each
-cell: the reader's p99 over its p99 alone, and the writer's MB/s."""))
+cell: the reader's p99 over its p99 alone, and the writer's MB/s, each the
+median over three seeds."""))
     write(SCENARIO_PAGE, scenario_parts)
 
 

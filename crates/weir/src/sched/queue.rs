@@ -390,7 +390,7 @@ impl IoQueue {
         let waiting = queue.remove(key);
         let first = waiting.io;
         let piece = if self.mode == Mode::Adaptive && !class.is_sync() {
-            self.adaptive.piece_bytes()
+            self.adaptive.piece_bytes(class)
         } else {
             None
         };
