@@ -133,13 +133,13 @@ class ModelDevices(unittest.TestCase):
 
 
 class Bench(unittest.TestCase):
-    def test_simulated_scenarios_meet_their_bars_and_repeat_exactly(self):
+    def test_simulated_scenarios_meet_their_checks_and_repeat_exactly(self):
         with tempfile.TemporaryDirectory() as out:
             for scenario in ["calibrate", "scrub-vs-randread", "writeback-vs-randread"]:
                 result = run(WEIR, "bench", scenario, "--sim", "--out", out, check=False, timeout=120)
                 self.assertIn("log2 histogram", result.stdout)
                 if scenario == "writeback-vs-randread":
-                    self.check_writeback_scenario(result.stdout)
+                    self.check_writeback_scenario(result)
                     continue
                 self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
                 self.assertNotIn("| NO |", result.stdout)
@@ -163,26 +163,27 @@ class Bench(unittest.TestCase):
             again = run(WEIR, "bench", "scrub-vs-randread", "--seed", "5").stdout
             self.assertEqual(first, again)
 
-    def check_writeback_scenario(self, stdout):
-        """The writeback scenario's checks on the HDD and SSD models: with
-        no throttle the reader stalls, and adaptive keeps it in bound and
-        near the paced reference. Its NVMe checks are printed, not asserted:
-        the flash model books a deep write queue's programs ahead of the
-        present, which flatters it (docs/devices.md), and the scenario's
-        exit status says when any check is missed."""
+    def check_writeback_scenario(self, result):
+        """The writeback scenario's checks on every model: with no throttle
+        the reader stalls, and adaptive stays near the paced reference at
+        its write rate. The reader's bound and the writer's share may each
+        be reported beyond reach, which the scenario decides from its paced
+        references (a flash read behind a program waits for it whatever the
+        host does); nothing may be missed."""
+        stdout = result.stdout
         verdicts = {}
         for line in stdout.splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) == 4 and ":" in cells[0]:
                 verdicts[cells[0]] = cells[3]
         for model in ["hdd", "ssd", "nvme"]:
-            self.assertIn(f"{model}: no throttle: reader p99 / idle", verdicts)
-        for model in ["hdd", "ssd"]:
             self.assertEqual(verdicts[f"{model}: no throttle: reader p99 / idle"], "yes", stdout)
-            self.assertEqual(verdicts[f"{model}: adaptive: reader p99 / idle"], "yes", stdout)
             self.assertEqual(
                 verdicts[f"{model}: adaptive: reader p99 / paced reference at its write rate"], "yes", stdout)
-            self.assertIn(verdicts[f"{model}: adaptive: writer / writer with no throttle"][:3], ("yes", "bey"))
+            for check in ["reader p99 / idle", "writer / writer with no throttle"]:
+                self.assertIn(verdicts[f"{model}: adaptive: {check}"][:3], ("yes", "bey"), stdout)
+        self.assertEqual(result.returncode, 0, stdout + result.stderr)
+        self.assertNotIn("| NO |", stdout)
 
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
         """The scheduler scenario in the simulator, every mode in one
