@@ -247,3 +247,51 @@ fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
     assert_eq!(cache.dirty_bytes(), 0);
     flusher.stop();
 }
+
+#[test]
+fn a_slow_cache_writes_through_past_its_share_while_the_budget_has_room() {
+    let store = MemStore::new(8 << 20);
+    let flusher = Flusher::start(DirtyBudget::new(Some(64 << 20)));
+    let cache = CachedStore::new(Arc::clone(&store) as Arc<dyn Store>, &flusher);
+    // Its write-back measured at 1 MB/s: a share of the 4 MiB floor.
+    let t0 = std::time::Instant::now();
+    cache.share.record_tick(0, true, t0);
+    cache
+        .share
+        .record_tick(100_000, true, t0 + std::time::Duration::from_millis(100));
+    assert_eq!(cache.share.limit_bytes(flusher.budget()), 4 << 20);
+    store.hold.store(true, Ordering::SeqCst);
+    // Cached; its write-back starts at once (a quarter of the share) and
+    // its copy holds as much again while the store holds the write.
+    write(&cache, 0, 5, 1 << 20, false).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let op = DeviceOp::Write {
+        offset: 3 << 20,
+        buf: filled(6, 3 << 20),
+        durable: false,
+    };
+    cache.submit(
+        IoClass::SyncWrite,
+        op,
+        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
+    );
+    // Past its share the write goes through, so it waits for the store,
+    // though the server's budget has room for it.
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    assert!(!flusher.budget().would_exceed(3 << 20));
+    // Another cache on the same budget, not measured yet, caches at once.
+    let other_store = MemStore::new(1 << 20);
+    let other = CachedStore::new(Arc::clone(&other_store) as Arc<dyn Store>, &flusher);
+    other_store.hold.store(true, Ordering::SeqCst);
+    write(&other, 0, 7, 512 << 10, false).unwrap();
+    assert_eq!(read(&other, 0, 4096), vec![7; 4096]);
+    store.release();
+    other_store.release();
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+    flush(&cache).unwrap();
+    assert_eq!(store.at(3 << 20, 4096), vec![6; 4096]);
+    assert_eq!(store.at(0, 4096), vec![5; 4096]);
+    flusher.stop();
+}
