@@ -9,14 +9,10 @@
 //! ([`pause_for`]); a write that would pass the limit is written through
 //! instead of cached, which paces it at the devices' speed with no more
 //! memory.
-//!
-//! Each cache also has its [`Share`]: about a second of its own writeback,
-//! so that a slow device cannot hold the dirty data that fast devices
-//! beside it let the whole budget grow to.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The limit is never set below this from measurement, so that some
 /// writes can still be joined: on an HDD taking random 4 KiB writes at
@@ -42,16 +38,12 @@ const RATE_WEIGHT: f64 = 0.25;
 /// Bytes of dirty memory held by one buffer; released on drop.
 pub struct Charge {
     budget: Arc<DirtyBudget>,
-    share: Option<Arc<Share>>,
     bytes: u64,
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::Relaxed);
-        if let Some(share) = &self.share {
-            share.used.fetch_sub(self.bytes, Ordering::Relaxed);
-        }
     }
 }
 
@@ -82,18 +74,6 @@ impl DirtyBudget {
         self.used.fetch_add(bytes, Ordering::Relaxed);
         Charge {
             budget: Arc::clone(self),
-            share: None,
-            bytes,
-        }
-    }
-
-    /// Charge `bytes` to the budget and to one cache's share of it.
-    pub fn charge_share(self: &Arc<Self>, share: &Arc<Share>, bytes: u64) -> Charge {
-        self.used.fetch_add(bytes, Ordering::Relaxed);
-        share.used.fetch_add(bytes, Ordering::Relaxed);
-        Charge {
-            budget: Arc::clone(self),
-            share: Some(Arc::clone(share)),
             bytes,
         }
     }
@@ -142,90 +122,6 @@ impl DirtyBudget {
 
     pub fn rate_bytes_per_second(&self) -> f64 {
         *self.rate.lock().expect("rate lock")
-    }
-}
-
-/// One cache's part of the budget: the dirty bytes it holds, and a limit
-/// of about `LIMIT_SECONDS` of its own measured writeback (never below the
-/// budget's floor, never above the budget). Linux gives each device a
-/// share of the dirty limit in proportion to its writeback bandwidth for
-/// the same reason: an HDD taking random 4 KiB writes beside a fast file
-/// export held 150 MB under the shared limit, and the FLUSH after it took
-/// minutes. Until its rate is measured a cache may use the whole budget.
-#[derive(Default)]
-pub struct Share {
-    used: AtomicU64,
-    /// Its limit in bytes; 0 until its writeback rate is measured.
-    limit: AtomicU64,
-    rate: Mutex<ShareRate>,
-}
-
-#[derive(Default)]
-struct ShareRate {
-    /// Decaying writeback rate (bytes/s), once measured.
-    rate: Option<f64>,
-    written_bytes: u64,
-    at: Option<Instant>,
-    was_busy: bool,
-}
-
-impl Share {
-    pub fn new() -> Arc<Share> {
-        Arc::new(Share::default())
-    }
-
-    pub fn used_bytes(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// Its limit within `budget`.
-    pub fn limit_bytes(&self, budget: &DirtyBudget) -> u64 {
-        match self.limit.load(Ordering::Relaxed) {
-            0 => budget.limit_bytes(),
-            limit => limit.min(budget.limit_bytes()),
-        }
-    }
-
-    /// Whether `bytes` more would pass this cache's limit.
-    pub fn would_exceed(&self, bytes: u64, budget: &DirtyBudget) -> bool {
-        self.used_bytes() + bytes > self.limit_bytes(budget)
-    }
-
-    /// Writeback should run without waiting for pieces to settle.
-    pub fn under_pressure(&self, budget: &DirtyBudget) -> bool {
-        self.used_bytes() as f64 >= self.limit_bytes(budget) as f64 * PAUSE_FROM / 2.0
-    }
-
-    /// How long to hold the reply to a cached write of `bytes` for this
-    /// cache's own fill; the budget's pause applies as well.
-    pub fn pause(&self, bytes: u64, budget: &DirtyBudget) -> Duration {
-        let Some(rate) = self.rate.lock().expect("share lock").rate else {
-            return Duration::ZERO;
-        };
-        pause_for(self.used_bytes(), self.limit_bytes(budget), bytes, rate)
-    }
-
-    /// This cache had written back `written_bytes` in all by `now`, and
-    /// `busy` says whether writeback had more waiting. Two busy counts in a
-    /// row give a sample of its rate, as the flusher measures the budget's.
-    pub fn record_tick(&self, written_bytes: u64, busy: bool, now: Instant) {
-        let mut state = self.rate.lock().expect("share lock");
-        if let Some(at) = state.at {
-            let elapsed = now.saturating_duration_since(at);
-            if busy && state.was_busy && written_bytes > state.written_bytes && !elapsed.is_zero() {
-                let sample = (written_bytes - state.written_bytes) as f64 / elapsed.as_secs_f64();
-                let rate = match state.rate {
-                    Some(rate) => rate + RATE_WEIGHT * (sample - rate),
-                    None => sample,
-                };
-                state.rate = Some(rate);
-                let limit = ((rate * LIMIT_SECONDS) as u64).max(LIMIT_FLOOR_BYTES);
-                self.limit.store(limit, Ordering::Relaxed);
-            }
-        }
-        state.written_bytes = written_bytes;
-        state.at = Some(now);
-        state.was_busy = busy;
     }
 }
 
@@ -284,50 +180,6 @@ mod tests {
         let at_pace = pause_for(limit * 3 / 4, limit, 1 << 20, rate);
         let per_write = Duration::from_secs_f64((1 << 20) as f64 / rate);
         assert!(at_pace.abs_diff(per_write) < Duration::from_micros(100));
-    }
-
-    #[test]
-    fn a_share_follows_its_own_rate_within_the_budget() {
-        let budget = DirtyBudget::new(Some(512 << 20));
-        let slow = Share::new();
-        let fast = Share::new();
-        // Unmeasured: the whole budget.
-        assert_eq!(slow.limit_bytes(&budget), 512 << 20);
-        let start = Instant::now();
-        for tick in 0..20u64 {
-            let now = start + Duration::from_millis(100 * tick);
-            // 1 MB/s and 400 MB/s of writeback, both backlogged.
-            slow.record_tick(tick * 100_000, true, now);
-            fast.record_tick(tick * 40_000_000, true, now);
-        }
-        assert_eq!(slow.limit_bytes(&budget), LIMIT_FLOOR_BYTES);
-        let fast_limit = fast.limit_bytes(&budget);
-        assert!(fast_limit.abs_diff(400_000_000) < 4_000_000, "{fast_limit}");
-        // The budget still bounds a share.
-        let small = DirtyBudget::new(Some(64 << 20));
-        assert_eq!(fast.limit_bytes(&small), 64 << 20);
-        // A share's charges count in both, and it fills on its own.
-        let charge = budget.charge_share(&slow, LIMIT_FLOOR_BYTES);
-        assert_eq!(
-            (budget.used_bytes(), slow.used_bytes()),
-            (LIMIT_FLOOR_BYTES, LIMIT_FLOOR_BYTES)
-        );
-        assert!(slow.would_exceed(4096, &budget) && !budget.would_exceed(4096));
-        assert!(!fast.would_exceed(4096, &budget));
-        assert!(slow.pause(4096, &budget) > Duration::ZERO);
-        assert!(slow.under_pressure(&budget) && !budget.under_pressure());
-        drop(charge);
-        assert_eq!((budget.used_bytes(), slow.used_bytes()), (0, 0));
-        // Ticks without a backlog say nothing about the rate.
-        let idle = Share::new();
-        for tick in 0..20u64 {
-            idle.record_tick(
-                tick * 100_000,
-                false,
-                start + Duration::from_millis(100 * tick),
-            );
-        }
-        assert_eq!(idle.limit_bytes(&budget), 512 << 20);
     }
 
     #[test]

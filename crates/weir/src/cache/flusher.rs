@@ -8,17 +8,14 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::budget::{DirtyBudget, Share};
+use super::budget::DirtyBudget;
 
-/// What one tick saw, for the rates that size the budget and each cache's
-/// share of it.
+/// What one tick saw, for the rate that sizes the budget.
 pub struct TickStats {
     /// Bytes this cache has written back, ever.
     pub written_bytes: u64,
     /// Writeback was running with more waiting behind it.
     pub backlogged: bool,
-    /// The cache's share of the budget, sized by its own rate.
-    pub share: Arc<Share>,
 }
 
 /// A cache the flusher ticks.
@@ -191,19 +188,12 @@ fn run(weak: Weak<Flusher>) {
             };
             let mut written = 0;
             let mut busy = false;
-            let mut shares = Vec::with_capacity(caches.len());
             for cache in &caches {
                 let stats = cache.tick();
                 written += stats.written_bytes;
                 busy |= stats.backlogged;
-                shares.push(stats);
             }
             let now = Instant::now();
-            for stats in shares {
-                stats
-                    .share
-                    .record_tick(stats.written_bytes, stats.backlogged, now);
-            }
             // Only a tick in which writeback had work throughout says how
             // fast the devices take it.
             if busy && was_busy && written > last_written {

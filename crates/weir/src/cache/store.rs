@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::budget::Share;
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
 use super::Charge;
@@ -49,8 +48,6 @@ pub struct CachedStore {
     inner: Arc<dyn Store>,
     map: Mutex<Map>,
     flusher: Arc<Flusher>,
-    /// This cache's part of the budget.
-    share: Arc<Share>,
     written_bytes: AtomicU64,
     pumping: AtomicBool,
     pump_again: AtomicBool,
@@ -67,7 +64,6 @@ impl CachedStore {
             inner,
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
-            share: Share::new(),
             written_bytes: AtomicU64::new(0),
             pumping: AtomicBool::new(false),
             pump_again: AtomicBool::new(false),
@@ -141,7 +137,7 @@ impl CachedStore {
     fn write(&self, offset: u64, buf: AlignedBuf, done: Completion) {
         let length = buf.len() as u64;
         let budget = Arc::clone(self.flusher.budget());
-        if budget.would_exceed(length) || self.share.would_exceed(length, &budget) {
+        if budget.would_exceed(length) {
             // Past the budget the write goes through: it is paced by the
             // devices and holds no more memory than the request did. It is
             // write-back that could not be deferred, so it goes in
@@ -156,7 +152,7 @@ impl CachedStore {
         }
         let bytes = Arc::new(CacheBytes {
             buf,
-            _charge: budget.charge_share(&self.share, length),
+            _charge: budget.charge(length),
         });
         {
             let mut map = self.map();
@@ -167,7 +163,7 @@ impl CachedStore {
             map.write(offset, bytes);
         }
         self.pump();
-        let pause = budget.pause(length).max(self.share.pause(length, &budget));
+        let pause = budget.pause(length);
         if pause.is_zero() {
             done(Outcome::done(Ok(())));
         } else {
@@ -226,8 +222,7 @@ impl CachedStore {
     }
 
     fn pump_once(&self) {
-        let budget = self.flusher.budget();
-        let pressure = budget.under_pressure() || self.share.under_pressure(budget);
+        let pressure = self.flusher.budget().under_pressure();
         let (writebacks, ready) = {
             let mut map = self.map();
             let slots = WRITEBACK_SLOTS.saturating_sub(map.writebacks_in_flight());
@@ -267,7 +262,7 @@ impl CachedStore {
         let mut buf = AlignedBuf::new(length as usize);
         overlay(&spans, buf.as_mut_slice(), start);
         drop(spans);
-        let charge = self.flusher.budget().charge_share(&self.share, length);
+        let charge = self.flusher.budget().charge(length);
         // A flush or a direct op waits on this one: a client is waiting.
         let class = if urgent {
             IoClass::SyncWrite
@@ -364,7 +359,6 @@ impl Ticked for CachedStore {
         TickStats {
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
             backlogged: map.writebacks_in_flight() > 0 && map.dirty_bytes() > 0,
-            share: Arc::clone(&self.share),
         }
     }
 }
