@@ -202,15 +202,15 @@ pub struct Adaptive {
     /// device and of the gaps between them: the interactive duty cycle.
     busy_period: Ewma,
     gap_period: Ewma,
-    /// What a background I/O of a given length costs the device, per class.
-    cost_fit: [LinearCost; CLASSES],
+    /// What a writeback I/O of a given length costs the device.
+    writeback_cost: LinearCost,
     /// The length of the last writeback I/O sent: what the floor saves for.
     writeback_length: u64,
     /// Device time (ns) background has earned under the floor and not
     /// spent, and when it was last counted.
     floor_credit: f64,
     floor_at: Nanos,
-    /// Writeback is held out beside interactive work: credit accrues.
+    /// Writeback waits beside interactive work: credit accrues.
     floor_accruing: bool,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
@@ -238,7 +238,7 @@ impl Default for Adaptive {
             last_background: 0,
             share_grant: false,
             busy_period: Ewma::default(),
-            cost_fit: [LinearCost::default(); CLASSES],
+            writeback_cost: LinearCost::default(),
             writeback_length: 0,
             floor_credit: 0.0,
             floor_at: 0,
@@ -450,7 +450,7 @@ impl Adaptive {
     /// fitted cost once lengths have varied, else a background service
     /// time.
     fn writeback_io_cost(&self, length: u64) -> Option<f64> {
-        self.cost_fit[IoClass::AsyncWrite as usize]
+        self.writeback_cost
             .cost(length)
             .or_else(|| self.background_io_cost())
     }
@@ -609,7 +609,8 @@ impl Adaptive {
             return None;
         }
         let mut bytes = clean * (TARGET_FACTOR - 1.0) * PIECE_SLACK_SHARE / per_byte;
-        let fit = self.cost_fit[class as usize]
+        let fit = self
+            .writeback_cost
             .parts()
             .filter(|_| class == IoClass::AsyncWrite);
         if let Some((fixed, per_byte)) = fit {
@@ -646,7 +647,10 @@ impl Adaptive {
                 self.background_ns_per_byte
                     .record(sample / in_device as f64 / length as f64);
             }
-            self.cost_fit[class as usize].record(length as f64, sample / in_device as f64);
+            if class == IoClass::AsyncWrite {
+                self.writeback_cost
+                    .record(length as f64, sample / in_device as f64);
+            }
             return;
         }
         self.last_interactive = now;
