@@ -26,7 +26,7 @@
 //! pieces in its range to be written back and for in-flight overlaps; a
 //! piece newer than a waiting direct op in its range waits for that op.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// The bytes of one cached write, shared by the pieces cut from it and by
@@ -97,8 +97,6 @@ pub struct Writeback {
 }
 
 struct InFlight {
-    id: u64,
-    start: u64,
     end: u64,
     /// For writebacks: the oldest obligation they carry.
     oldest: Option<u64>,
@@ -122,19 +120,32 @@ pub struct Ready<F, D> {
 /// `F` and `D` are the caller's tokens for a waiting flush and direct op.
 pub struct DirtyMap<F, D> {
     pieces: BTreeMap<u64, Piece>,
+    /// Pieces not being written back, indexed the ways writeback looks
+    /// for work, so that it never walks past pieces it cannot take (a
+    /// walk per completion over thousands of pieces cost more CPU than
+    /// the writes themselves): by offset, all of them and the settled
+    /// ones; and by the oldest write they stand for, for flushes.
+    idle: BTreeSet<u64>,
+    settled_idle: BTreeSet<u64>,
+    idle_by_oldest: BTreeSet<(u64, u64)>,
     next_gen: u64,
     next_id: u64,
     /// Obligations by generation: pieces not being written back count by
     /// their `oldest`, writebacks in flight by theirs.
     obligations: BTreeMap<u64, u32>,
-    in_flight: Vec<InFlight>,
+    /// Store ops in flight by (start, id). Their ranges never overlap, so
+    /// the one that could overlap a range is the last starting before its
+    /// end.
+    in_flight: BTreeMap<(u64, u64), InFlight>,
+    /// Where each op in flight starts, by id.
+    in_flight_starts: HashMap<u64, u64>,
+    writebacks_in_flight: usize,
+    writeback_bytes_in_flight: u64,
     flushes: VecDeque<(u64, F)>,
     directs: VecDeque<DirectWait<D>>,
     dirty_bytes: u64,
     /// Pieces older than this may be written back without pressure.
     settled_gen: u64,
-    /// Some settled piece may still be waiting to go out.
-    settled_left: bool,
     /// Where the last writeback ended: the next starts after it, so that
     /// runs go out in ascending order like an elevator.
     cursor: u64,
@@ -145,15 +156,20 @@ impl<F, D> Default for DirtyMap<F, D> {
     fn default() -> Self {
         DirtyMap {
             pieces: BTreeMap::new(),
+            idle: BTreeSet::new(),
+            settled_idle: BTreeSet::new(),
+            idle_by_oldest: BTreeSet::new(),
             next_gen: 1,
             next_id: 1,
             obligations: BTreeMap::new(),
-            in_flight: Vec::new(),
+            in_flight: BTreeMap::new(),
+            in_flight_starts: HashMap::new(),
+            writebacks_in_flight: 0,
+            writeback_bytes_in_flight: 0,
             flushes: VecDeque::new(),
             directs: VecDeque::new(),
             dirty_bytes: 0,
             settled_gen: 0,
-            settled_left: false,
             cursor: 0,
             failed: false,
         }
@@ -180,7 +196,62 @@ impl<F, D> DirtyMap<F, D> {
     }
 
     pub fn writebacks_in_flight(&self) -> usize {
-        self.in_flight.iter().filter(|f| f.oldest.is_some()).count()
+        self.writebacks_in_flight
+    }
+
+    /// Bytes being written back now.
+    pub fn writeback_bytes_in_flight(&self) -> u64 {
+        self.writeback_bytes_in_flight
+    }
+
+    fn add_in_flight(&mut self, id: u64, start: u64, end: u64, oldest: Option<u64>) {
+        debug_assert!(
+            start == end || !self.in_flight_overlaps(start, end),
+            "store ops in flight never overlap"
+        );
+        if oldest.is_some() {
+            self.writebacks_in_flight += 1;
+            self.writeback_bytes_in_flight += end - start;
+        }
+        self.in_flight_starts.insert(id, start);
+        self.in_flight.insert((start, id), InFlight { end, oldest });
+    }
+
+    /// Take op `id` out of flight: (its start, its record).
+    fn remove_in_flight(&mut self, id: u64) -> (u64, InFlight) {
+        let start = self.in_flight_starts.remove(&id).expect("op in flight");
+        let flight = self.in_flight.remove(&(start, id)).expect("op in flight");
+        if flight.oldest.is_some() {
+            self.writebacks_in_flight -= 1;
+            self.writeback_bytes_in_flight -= flight.end - start;
+        }
+        (start, flight)
+    }
+
+    /// Enter the piece at `key` in the idle indexes, or take it out.
+    fn index_idle(&mut self, key: u64, gen: u64, oldest: u64, idle: bool) {
+        if idle {
+            self.idle.insert(key);
+            if gen < self.settled_gen {
+                self.settled_idle.insert(key);
+            }
+            self.idle_by_oldest.insert((oldest, key));
+        } else {
+            self.idle.remove(&key);
+            self.settled_idle.remove(&key);
+            self.idle_by_oldest.remove(&(oldest, key));
+        }
+    }
+
+    fn put_piece(&mut self, key: u64, piece: Piece) {
+        self.index_idle(key, piece.gen, piece.oldest, piece.writing.is_none());
+        self.pieces.insert(key, piece);
+    }
+
+    fn take_piece(&mut self, key: u64) -> Piece {
+        let piece = self.pieces.remove(&key).expect("piece listed");
+        self.index_idle(key, piece.gen, piece.oldest, false);
+        piece
     }
 
     fn add_obligation(&mut self, gen: u64) {
@@ -214,18 +285,18 @@ impl<F, D> DirtyMap<F, D> {
         keys.reverse();
         let mut removed = Vec::with_capacity(keys.len());
         for key in keys {
-            let piece = self.pieces.remove(&key).expect("key listed");
+            let piece = self.take_piece(key);
             if key < start {
                 let mut head = piece.clone();
                 head.end = start;
                 self.add_split_obligation(&head);
-                self.pieces.insert(key, head);
+                self.put_piece(key, head);
             }
             if piece.end > end {
                 let mut tail = piece.clone();
                 tail.data_at += (end - key) as usize;
                 self.add_split_obligation(&tail);
-                self.pieces.insert(end, tail);
+                self.put_piece(end, tail);
             }
             let inner_start = key.max(start);
             let mut inner = piece;
@@ -276,7 +347,7 @@ impl<F, D> DirtyMap<F, D> {
         for (part_start, part_end, oldest) in new_parts {
             self.add_obligation(oldest);
             self.dirty_bytes += part_end - part_start;
-            self.pieces.insert(
+            self.put_piece(
                 part_start,
                 Piece {
                     end: part_end,
@@ -308,7 +379,7 @@ impl<F, D> DirtyMap<F, D> {
                 && Arc::ptr_eq(&a.data, &b.data)
                 && a.data_at + (a.end - prev) as usize == b.data_at;
             if joinable {
-                let b = self.pieces.remove(&key).expect("listed");
+                let b = self.take_piece(key);
                 self.remove_obligation(b.oldest);
                 self.pieces.get_mut(&prev).expect("listed").end = b.end;
             } else {
@@ -362,7 +433,7 @@ impl<F, D> DirtyMap<F, D> {
     }
 
     pub fn direct_done(&mut self, id: u64) {
-        self.in_flight.retain(|f| f.id != id);
+        self.remove_in_flight(id);
     }
 
     /// Pieces written so far count as settled: background writeback may
@@ -370,13 +441,17 @@ impl<F, D> DirtyMap<F, D> {
     /// waits at least one period for neighbours to join it.
     pub fn settle(&mut self) {
         self.settled_gen = self.next_gen;
-        self.settled_left = !self.pieces.is_empty();
+        self.settled_idle.clone_from(&self.idle);
     }
 
     fn in_flight_overlaps(&self, start: u64, end: u64) -> bool {
+        // Empty ops overlap nothing; past them, the last op starting
+        // before `end` is the only candidate.
         self.in_flight
-            .iter()
-            .any(|f| overlaps(f.start, f.end, start, end))
+            .range(..(end, 0))
+            .rev()
+            .find(|((op_start, _), f)| f.end > *op_start)
+            .is_some_and(|((op_start, _), f)| overlaps(*op_start, f.end, start, end))
     }
 
     /// A piece of generation `gen` over `[start, end)` may go out: nothing
@@ -390,85 +465,107 @@ impl<F, D> DirtyMap<F, D> {
                 .any(|d| d.gen < gen && overlaps(d.start, d.end, start, end))
     }
 
-    /// Whether a piece must go out for a waiting flush or direct op.
-    fn urgent(&self, start: u64, piece: &Piece) -> bool {
-        let flush_gen = self.flushes.back().map_or(0, |(gen, _)| *gen);
-        piece.oldest < flush_gen
-            || self
-                .directs
-                .iter()
-                .any(|d| piece.gen < d.gen && overlaps(d.start, d.end, start, piece.end))
-    }
-
-    /// Choose writebacks, at most `slots` of them, each at most
-    /// `run_bytes_max` long. With `pressure`, any piece may go; otherwise
-    /// only urgent and settled ones.
+    /// Choose writebacks: at most `runs` of them, together at most about
+    /// `bytes` (the last may pass it by one run), each at most
+    /// `run_bytes_max` long. Urgent pieces go first: those a waiting direct
+    /// op must follow, oldest op first, then those standing for writes a
+    /// waiting flush covers, oldest first. Then, in offset order from where
+    /// the last run ended (an elevator), any piece with `pressure`, else
+    /// settled ones.
     pub fn next_writebacks(
         &mut self,
-        slots: usize,
+        runs: usize,
+        bytes: u64,
         run_bytes_max: u64,
         pressure: bool,
     ) -> Vec<Writeback> {
         let mut out = Vec::new();
-        if self.failed || slots == 0 {
+        if self.failed {
             return out;
         }
-        let waiting = !self.flushes.is_empty() || !self.directs.is_empty();
-        let background = pressure || self.settled_left;
-        // Urgent pieces first, then the rest; each pass goes once round
-        // the map from the cursor.
-        for urgent_pass in [true, false] {
-            if (urgent_pass && !waiting) || (!urgent_pass && !background) {
-                continue;
+        let mut chosen_bytes = 0;
+        let mut take = |map: &mut Self, out: &mut Vec<Writeback>, key: u64, urgent: bool| {
+            if out.len() >= runs || chosen_bytes >= bytes {
+                return false;
             }
-            let mut found_settled = false;
-            let start = self.cursor;
-            let mut pos = start;
-            let mut wrapped = false;
-            loop {
-                if out.len() >= slots {
-                    return out;
-                }
-                let next = if wrapped {
-                    if pos >= start {
-                        break;
-                    }
-                    self.pieces.range(pos..start).next()
-                } else {
-                    self.pieces.range(pos..).next()
-                };
-                let Some((&key, piece)) = next else {
-                    if wrapped {
-                        break;
-                    }
-                    wrapped = true;
-                    pos = 0;
-                    continue;
-                };
-                pos = piece.end;
-                if piece.writing.is_some() {
-                    continue;
-                }
-                let urgent = waiting && self.urgent(key, piece);
-                let settled = piece.gen < self.settled_gen;
-                found_settled |= settled;
-                let wanted = if urgent_pass {
-                    urgent
-                } else {
-                    pressure || settled
-                };
-                if !wanted || !self.may_write(key, piece.end, piece.gen) {
-                    continue;
-                }
-                let run = self.start_run(key, run_bytes_max, urgent);
-                pos = run.end;
+            if let Some(run) = map.try_run(key, run_bytes_max, urgent) {
+                chosen_bytes += run.end - run.start;
                 out.push(run);
             }
-            if !urgent_pass && !found_settled {
-                self.settled_left = false;
+            true
+        };
+        let for_directs: Vec<u64> = self
+            .directs
+            .iter()
+            .flat_map(|d| {
+                self.pieces
+                    .range(..d.end)
+                    .rev()
+                    .take_while(move |(_, p)| p.end > d.start)
+                    .filter(move |(_, p)| p.writing.is_none() && p.gen < d.gen)
+                    .map(|(k, _)| *k)
+            })
+            .collect();
+        for key in for_directs {
+            if !take(self, &mut out, key, true) {
+                return out;
+            }
+        }
+        if let Some(flush_gen) = self.flushes.back().map(|(gen, _)| *gen) {
+            let mut from = (0, 0);
+            while let Some(&(oldest, key)) = self.idle_by_oldest.range(from..).next() {
+                if oldest >= flush_gen || !take(self, &mut out, key, true) {
+                    break;
+                }
+                from = (oldest, key + 1);
+            }
+        }
+        let start = self.cursor;
+        let mut pos = start;
+        let mut wrapped = false;
+        loop {
+            let next = {
+                let set = if pressure {
+                    &self.idle
+                } else {
+                    &self.settled_idle
+                };
+                if wrapped {
+                    set.range(pos..start).next().copied()
+                } else {
+                    set.range(pos..).next().copied()
+                }
+            };
+            let Some(key) = next else {
+                if wrapped {
+                    break;
+                }
+                wrapped = true;
+                pos = 0;
+                continue;
+            };
+            pos = self.pieces[&key].end;
+            let before = out.len();
+            if !take(self, &mut out, key, false) {
+                break;
+            }
+            if out.len() > before {
+                pos = out.last().expect("pushed").end;
+            }
+            if wrapped && pos >= start {
+                break;
             }
         }
         out
+    }
+
+    /// Start a writeback at the piece at `key` if it may go now.
+    fn try_run(&mut self, key: u64, run_bytes_max: u64, urgent: bool) -> Option<Writeback> {
+        let piece = self.pieces.get(&key)?;
+        if piece.writing.is_some() || !self.may_write(key, piece.end, piece.gen) {
+            return None;
+        }
+        Some(self.start_run(key, run_bytes_max, urgent))
     }
 
     /// Mark the run of adjacent writable pieces from `key` as one writeback.
@@ -486,24 +583,20 @@ impl<F, D> DirtyMap<F, D> {
             }
             let piece = self.pieces.get_mut(&at).expect("checked");
             piece.writing = Some(id);
-            let (end, piece_oldest) = (piece.end, piece.oldest);
+            let (end, gen, piece_oldest) = (piece.end, piece.gen, piece.oldest);
             spans.push(Span {
                 start: at,
                 end,
                 data: Arc::clone(&piece.data),
                 data_at: piece.data_at,
             });
+            self.index_idle(at, gen, piece_oldest, false);
             self.remove_obligation(piece_oldest);
             oldest = oldest.min(piece_oldest);
             at = end;
         }
         self.add_obligation(oldest);
-        self.in_flight.push(InFlight {
-            id,
-            start: key,
-            end: at,
-            oldest: Some(oldest),
-        });
+        self.add_in_flight(id, key, at, Some(oldest));
         self.cursor = at;
         Writeback {
             id,
@@ -517,27 +610,23 @@ impl<F, D> DirtyMap<F, D> {
     /// A writeback finished. On success its pieces leave the map; on
     /// failure they stay (reads still see them) and the map is failed.
     pub fn writeback_done(&mut self, id: u64, ok: bool) {
-        let index = self
-            .in_flight
-            .iter()
-            .position(|f| f.id == id)
-            .expect("writeback in flight");
-        let flight = self.in_flight.swap_remove(index);
+        let (start, flight) = self.remove_in_flight(id);
         self.remove_obligation(flight.oldest.expect("a writeback"));
         let keys: Vec<u64> = self
             .pieces
-            .range(flight.start..flight.end)
+            .range(start..flight.end)
             .filter(|(_, p)| p.writing == Some(id))
             .map(|(k, _)| *k)
             .collect();
         for key in keys {
             if ok {
-                let piece = self.pieces.remove(&key).expect("listed");
+                let piece = self.take_piece(key);
                 self.dirty_bytes -= piece.end - key;
             } else {
                 let piece = self.pieces.get_mut(&key).expect("listed");
                 piece.writing = None;
-                let oldest = piece.oldest;
+                let (gen, oldest) = (piece.gen, piece.oldest);
+                self.index_idle(key, gen, oldest, true);
                 self.add_obligation(oldest);
             }
         }
@@ -570,12 +659,7 @@ impl<F, D> DirtyMap<F, D> {
             let d = self.directs.remove(index).expect("indexed");
             let id = self.next_id;
             self.next_id += 1;
-            self.in_flight.push(InFlight {
-                id,
-                start: d.start,
-                end: d.end,
-                oldest: None,
-            });
+            self.add_in_flight(id, d.start, d.end, None);
             directs.push((id, d.token));
         }
         Ready { flushes, directs }
@@ -587,6 +671,51 @@ impl<F, D> DirtyMap<F, D> {
             .rev()
             .take_while(move |(_, p)| p.end > start)
             .map(|(_, p)| p.gen)
+    }
+
+    /// The indexes agree with the pieces and the ops in flight.
+    #[cfg(test)]
+    pub fn check_invariants(&self) {
+        let idle: BTreeSet<u64> = self
+            .pieces
+            .iter()
+            .filter(|(_, p)| p.writing.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(idle, self.idle, "idle index");
+        let settled: BTreeSet<u64> = idle
+            .iter()
+            .copied()
+            .filter(|k| self.pieces[k].gen < self.settled_gen)
+            .collect();
+        assert_eq!(settled, self.settled_idle, "settled index");
+        let by_oldest: BTreeSet<(u64, u64)> =
+            idle.iter().map(|k| (self.pieces[k].oldest, *k)).collect();
+        assert_eq!(by_oldest, self.idle_by_oldest, "oldest index");
+        let writebacks: Vec<_> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.oldest.is_some())
+            .collect();
+        assert_eq!(writebacks.len(), self.writebacks_in_flight);
+        let bytes: u64 = writebacks.iter().map(|((start, _), f)| f.end - start).sum();
+        assert_eq!(bytes, self.writeback_bytes_in_flight);
+        let mut last_end = 0;
+        for ((start, id), f) in &self.in_flight {
+            assert_eq!(self.in_flight_starts[id], *start);
+            if f.end > *start {
+                assert!(*start >= last_end, "ops in flight overlap");
+                last_end = f.end;
+            }
+        }
+        for piece in self.pieces.values() {
+            if let Some(id) = piece.writing {
+                assert!(
+                    self.in_flight_starts.contains_key(&id),
+                    "writing piece's op in flight"
+                );
+            }
+        }
     }
 
     /// Hand back every waiting flush and direct op (the map has failed and

@@ -1,8 +1,9 @@
 //! A store with a write-back cache in front: the glue between the
 //! sans-IO [`DirtyMap`] and the store beneath it.
 
+use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -14,10 +15,12 @@ use crate::metrics::CacheReport;
 use crate::pool::{Store, StoreInfo};
 use crate::sched::IoClass;
 
-/// Writebacks in flight per volume. The device queue decides how many of
-/// them reach the device beside client reads; this only bounds the
-/// memory they copy out.
-pub const WRITEBACK_SLOTS: usize = 16;
+/// Bytes being written back per volume at once. The device queue decides
+/// how much of it reaches the device beside client reads; this only
+/// bounds the memory copied out. Bounded in bytes, not requests, so that
+/// small scattered writes go out as many requests at once as large
+/// adjacent ones go out bytes: sixteen full runs.
+pub const WRITEBACK_BYTES_MAX: u64 = 16 * RUN_BYTES_MAX;
 /// Adjacent dirty pieces are joined into writes of up to this size: large
 /// enough to stream on every device, small enough not to hold a reader
 /// behind one write for long.
@@ -49,8 +52,6 @@ pub struct CachedStore {
     map: Mutex<Map>,
     flusher: Arc<Flusher>,
     written_bytes: AtomicU64,
-    pumping: AtomicBool,
-    pump_again: AtomicBool,
     me: std::sync::Weak<CachedStore>,
 }
 
@@ -65,8 +66,6 @@ impl CachedStore {
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
-            pumping: AtomicBool::new(false),
-            pump_again: AtomicBool::new(false),
             me: me.clone(),
         });
         let weak: std::sync::Weak<CachedStore> = Arc::downgrade(&store);
@@ -198,24 +197,20 @@ impl CachedStore {
         self.pump();
     }
 
-    /// Start what may start. Runs on one thread at a time; a call that
-    /// finds another pumping leaves it to run once more, so completions
-    /// that arrive inline never recurse.
+    /// Start what may start, on the calling thread: the checksums and
+    /// copies of the writebacks it starts are paid by whichever thread
+    /// wrote, completed or ticked, so writeback spreads over the threads
+    /// that make it instead of queueing behind one. Choices are made under
+    /// the map's lock, so threads pumping at once start disjoint work. A
+    /// completion that arrives inline while this thread pumps the same
+    /// store does not recurse: the outer call runs once more.
     fn pump(&self) {
-        self.pump_again.store(true, Ordering::SeqCst);
+        let Some(_guard) = PumpGuard::enter(self) else {
+            return;
+        };
         loop {
-            if self
-                .pumping
-                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-            {
-                return;
-            }
-            while self.pump_again.swap(false, Ordering::SeqCst) {
-                self.pump_once();
-            }
-            self.pumping.store(false, Ordering::SeqCst);
-            if !self.pump_again.load(Ordering::SeqCst) {
+            self.pump_once();
+            if !PumpGuard::again(self) {
                 return;
             }
         }
@@ -225,8 +220,8 @@ impl CachedStore {
         let pressure = self.flusher.budget().under_pressure();
         let (writebacks, ready) = {
             let mut map = self.map();
-            let slots = WRITEBACK_SLOTS.saturating_sub(map.writebacks_in_flight());
-            let writebacks = map.next_writebacks(slots, RUN_BYTES_MAX, pressure);
+            let room = WRITEBACK_BYTES_MAX.saturating_sub(map.writeback_bytes_in_flight());
+            let writebacks = map.next_writebacks(usize::MAX, room, RUN_BYTES_MAX, pressure);
             (writebacks, map.ready())
         };
         let Ready { flushes, directs } = ready;
@@ -306,6 +301,52 @@ impl CachedStore {
                 me.pump();
             }),
         );
+    }
+}
+
+thread_local! {
+    /// Stores this thread is pumping, each with whether it must pump again.
+    static PUMPING: RefCell<Vec<(usize, bool)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks a store as being pumped on this thread until dropped.
+struct PumpGuard {
+    key: usize,
+}
+
+impl PumpGuard {
+    /// None if this thread is already pumping `store`; that call is then
+    /// told to run again.
+    fn enter(store: &CachedStore) -> Option<PumpGuard> {
+        let key = store as *const CachedStore as usize;
+        PUMPING.with(|pumping| {
+            let mut pumping = pumping.borrow_mut();
+            if let Some(entry) = pumping.iter_mut().find(|(k, _)| *k == key) {
+                entry.1 = true;
+                return None;
+            }
+            pumping.push((key, false));
+            Some(PumpGuard { key })
+        })
+    }
+
+    /// Whether a nested call asked `store` to be pumped again (and clear it).
+    fn again(store: &CachedStore) -> bool {
+        let key = store as *const CachedStore as usize;
+        PUMPING.with(|pumping| {
+            let mut pumping = pumping.borrow_mut();
+            let entry = pumping
+                .iter_mut()
+                .find(|(k, _)| *k == key)
+                .expect("entered");
+            std::mem::take(&mut entry.1)
+        })
+    }
+}
+
+impl Drop for PumpGuard {
+    fn drop(&mut self) {
+        PUMPING.with(|pumping| pumping.borrow_mut().retain(|(k, _)| *k != self.key));
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::{Pending, Simulation};
 use crate::cache::dirty_map::{Bytes, DirtyMap};
-use crate::cache::{Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK, WRITEBACK_SLOTS};
+use crate::cache::{Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK, WRITEBACK_BYTES_MAX};
 use crate::device::model::Nanos;
 use crate::sched::wbt::Wbt;
 use crate::sched::{IoClass, Mode, QueuedIo};
@@ -185,23 +185,26 @@ impl SimCache {
             .expect("the tick is always set")
     }
 
-    /// Writebacks the throttle lets start now.
-    fn slots(&self) -> usize {
+    /// Writebacks the throttle lets start now: (runs, bytes).
+    fn slots(&self) -> (usize, u64) {
         if self.throttle == WbThrottle::None {
             // Linux before wbt: writeback fills the request queue.
-            return (WBT_QUEUE_DEPTH as usize).saturating_sub(self.writebacks.len());
+            let runs = (WBT_QUEUE_DEPTH as usize).saturating_sub(self.writebacks.len());
+            return (runs, u64::MAX);
         }
-        let cache = WRITEBACK_SLOTS.saturating_sub(self.writebacks.len());
+        // The server's own bound.
+        let bytes = WRITEBACK_BYTES_MAX.saturating_sub(self.map.writeback_bytes_in_flight());
         if self.throttle != WbThrottle::Wbt {
-            return cache;
+            return (usize::MAX, bytes);
         }
-        self.wbt
+        let runs = self
+            .wbt
             .iter()
             .zip(&self.in_flight)
             .map(|(w, n)| w.background_limit().saturating_sub(*n) as usize)
             .min()
-            .unwrap_or(0)
-            .min(cache)
+            .unwrap_or(0);
+        (runs, bytes)
     }
 
     pub(super) fn report(&self) -> CacheRun {
@@ -263,8 +266,10 @@ impl Simulation {
             return;
         };
         let pressure = cache.budget.under_pressure();
-        let slots = cache.slots();
-        let writebacks = cache.map.next_writebacks(slots, RUN_BYTES_MAX, pressure);
+        let (runs, bytes) = cache.slots();
+        let writebacks = cache
+            .map
+            .next_writebacks(runs, bytes, RUN_BYTES_MAX, pressure);
         let ready = cache.map.ready();
         let copies = self.devices.len();
         for writeback in writebacks {
@@ -297,7 +302,7 @@ impl Simulation {
         loop {
             let cache = self.cache.as_mut().expect("a cache");
             let gated = cache.throttle == WbThrottle::Wbt;
-            if gated && cache.slots() == 0 {
+            if gated && cache.slots().0 == 0 {
                 break;
             }
             let Some((direct, request)) = cache.directs_ready.pop_front() else {

@@ -46,7 +46,7 @@ fn adjacent_pieces_go_out_as_one_run_and_leave_on_success() {
     map.write(0, data(1, 4));
     map.write(4, data(2, 4));
     map.write(100, data(3, 4));
-    let runs = map.next_writebacks(8, 1 << 20, true);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, true);
     assert_eq!(runs.len(), 2);
     assert_eq!((runs[0].start, runs[0].end), (0, 8));
     assert_eq!((runs[1].start, runs[1].end), (100, 104));
@@ -61,10 +61,10 @@ fn adjacent_pieces_go_out_as_one_run_and_leave_on_success() {
 fn without_pressure_only_settled_pieces_go_out() {
     let mut map = Map::default();
     map.write(0, data(1, 4));
-    assert!(map.next_writebacks(8, 1 << 20, false).is_empty());
+    assert!(map.next_writebacks(8, u64::MAX, 1 << 20, false).is_empty());
     map.settle();
     map.write(100, data(2, 4));
-    let runs = map.next_writebacks(8, 1 << 20, false);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, false);
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].start, 0);
 }
@@ -79,7 +79,7 @@ fn a_flush_waits_for_earlier_writes_even_when_newer_bytes_replace_them() {
     // now waits for the newer bytes.
     map.write(0, data(2, 4));
     assert!(map.ready().flushes.is_empty());
-    let runs = map.next_writebacks(8, 1 << 20, false);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, false);
     assert_eq!(runs.len(), 1, "the flush makes the piece urgent");
     assert!(runs[0].urgent);
     map.writeback_done(runs[0].id, true);
@@ -90,18 +90,18 @@ fn a_flush_waits_for_earlier_writes_even_when_newer_bytes_replace_them() {
 fn bytes_replacing_a_piece_in_flight_wait_for_it_and_the_flush_needs_only_the_old_write() {
     let mut map = Map::default();
     map.write(0, data(1, 4));
-    let first = map.next_writebacks(8, 1 << 20, true);
+    let first = map.next_writebacks(8, u64::MAX, 1 << 20, true);
     map.flush(10);
     map.write(0, data(2, 4));
     // The newer bytes overlap a write in flight: they wait.
-    assert!(map.next_writebacks(8, 1 << 20, true).is_empty());
+    assert!(map.next_writebacks(8, u64::MAX, 1 << 20, true).is_empty());
     assert!(map.ready().flushes.is_empty());
     map.writeback_done(first[0].id, true);
     // The answered write is in the store; the newer one came after the
     // flush was sent and need not be.
     assert_eq!(map.ready().flushes, vec![10]);
     assert_eq!(map.dirty_bytes(), 4);
-    let second = map.next_writebacks(8, 1 << 20, true);
+    let second = map.next_writebacks(8, u64::MAX, 1 << 20, true);
     assert_eq!(second.len(), 1);
 }
 
@@ -112,7 +112,7 @@ fn a_direct_op_goes_after_older_bytes_and_before_newer_ones() {
     map.direct(2, 6, 7);
     assert!(map.ready().directs.is_empty(), "older bytes first");
     map.write(4, data(2, 4));
-    let runs = map.next_writebacks(8, 1 << 20, false);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, false);
     assert_eq!(runs.len(), 1, "only the older bytes are urgent");
     assert_eq!((runs[0].start, runs[0].end), (0, 4));
     assert!(map.ready().directs.is_empty(), "writeback in flight");
@@ -122,9 +122,9 @@ fn a_direct_op_goes_after_older_bytes_and_before_newer_ones() {
     let (id, token) = ready.directs[0];
     assert_eq!(token, 7);
     // The newer bytes over the direct op's range wait for it.
-    assert!(map.next_writebacks(8, 1 << 20, true).is_empty());
+    assert!(map.next_writebacks(8, u64::MAX, 1 << 20, true).is_empty());
     map.direct_done(id);
-    assert_eq!(map.next_writebacks(8, 1 << 20, true).len(), 1);
+    assert_eq!(map.next_writebacks(8, u64::MAX, 1 << 20, true).len(), 1);
 }
 
 #[test]
@@ -132,13 +132,13 @@ fn a_failed_writeback_keeps_its_bytes_and_fails_the_map() {
     let mut map = Map::default();
     map.write(0, data(1, 4));
     map.flush(3);
-    let runs = map.next_writebacks(8, 1 << 20, true);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, true);
     map.writeback_done(runs[0].id, false);
     assert!(map.failed());
     assert_eq!(read(&map, &[0; 4], 0, 4), [1; 4]);
     assert!(map.ready().flushes.is_empty());
     assert_eq!(map.take_waiting(), (vec![3], vec![]));
-    assert!(map.next_writebacks(8, 1 << 20, true).is_empty());
+    assert!(map.next_writebacks(8, u64::MAX, 1 << 20, true).is_empty());
 }
 
 /// Writes, flushes, direct ops and writebacks in random order, with
@@ -198,7 +198,12 @@ fn random_histories_keep_reads_exact_and_flushes_durable() {
                     if rng.below(3) == 0 {
                         map.settle();
                     }
-                    for run in map.next_writebacks(1 + rng.below(4) as usize, 16, pressure) {
+                    for run in map.next_writebacks(
+                        1 + rng.below(4) as usize,
+                        1 + rng.below(32),
+                        16,
+                        pressure,
+                    ) {
                         let mut bytes = vec![0u8; (run.end - run.start) as usize];
                         for span in &run.spans {
                             span.copy_into(&mut bytes, run.start);
@@ -224,6 +229,7 @@ fn random_histories_keep_reads_exact_and_flushes_durable() {
                 }
             }
             let ready = map.ready();
+            map.check_invariants();
             for (id, token) in ready.directs {
                 let index = directs.iter().position(|d| d.0 == token).unwrap();
                 let (_, start, bytes, gen) = directs.swap_remove(index);

@@ -247,3 +247,75 @@ fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
     assert_eq!(cache.dirty_bytes(), 0);
     flusher.stop();
 }
+
+#[test]
+fn threads_writing_at_once_past_a_small_budget_read_their_newest_bytes_and_flush_them() {
+    const THREADS: u64 = 4;
+    const BLOCKS_EACH: u64 = 16;
+    const ROUNDS: u64 = 300;
+    const BLOCK: u64 = 4096;
+    // A budget of half the blocks written: writers are paused, pass the
+    // limit and write through, and writeback runs with and without
+    // pressure, all at once.
+    let (store, cache, flusher) = setup(Some(THREADS * BLOCKS_EACH * BLOCK / 2));
+    let releasing = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        // Writes the store holds are completed on this thread, so that
+        // completions (and the pumps they start) land on a thread other
+        // than the writer's as well as inline.
+        let releaser = scope.spawn(|| {
+            let mut rng = crate::rng::Rng::new(7);
+            while releasing.load(Ordering::SeqCst) {
+                store.hold.store(rng.below(4) != 0, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                store.release();
+            }
+        });
+        let writers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (cache, store) = (Arc::clone(&cache), &store);
+                scope.spawn(move || {
+                    let mut rng = crate::rng::Rng::new(t);
+                    let base = t * BLOCKS_EACH * BLOCK;
+                    let mut newest = vec![0u8; BLOCKS_EACH as usize];
+                    for round in 1..=ROUNDS {
+                        let block = rng.below(BLOCKS_EACH);
+                        let value = (round % 250 + 1) as u8;
+                        let offset = base + block * BLOCK;
+                        write(&cache, offset, value, BLOCK as usize, rng.below(10) == 0).unwrap();
+                        newest[block as usize] = value;
+                        let probe = rng.below(BLOCKS_EACH);
+                        let seen = read(&cache, base + probe * BLOCK, BLOCK as usize);
+                        assert_eq!(
+                            seen,
+                            vec![newest[probe as usize]; BLOCK as usize],
+                            "thread {t} block {probe}"
+                        );
+                        if round % 20 == 0 || round == ROUNDS {
+                            flush(&cache).unwrap();
+                            for (block, value) in newest.iter().enumerate() {
+                                let offset = base + block as u64 * BLOCK;
+                                let stored = store.at(offset as usize, BLOCK as usize);
+                                assert_eq!(
+                                    stored,
+                                    vec![*value; BLOCK as usize],
+                                    "thread {t} block {block} after flush"
+                                );
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let results: Vec<_> = writers.into_iter().map(|w| w.join()).collect();
+        releasing.store(false, Ordering::SeqCst);
+        releaser.join().unwrap();
+        for result in results {
+            if let Err(panic) = result {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    assert_eq!(cache.dirty_bytes(), 0);
+    flusher.stop();
+}
