@@ -12,7 +12,8 @@ use super::budget::DirtyBudget;
 
 /// What one tick saw, for the rate that sizes the budget.
 pub struct TickStats {
-    /// Bytes this cache has written back, ever.
+    /// Bytes this cache has written to the store, ever: write-back, and
+    /// writes past the budget.
     pub written_bytes: u64,
     /// Writeback was running with more waiting behind it.
     pub backlogged: bool,

@@ -51,6 +51,8 @@ pub struct CachedStore {
     inner: Arc<dyn Store>,
     map: Mutex<Map>,
     flusher: Arc<Flusher>,
+    /// Bytes written to the store for the cache: write-back, and writes
+    /// that went through past the budget.
     written_bytes: AtomicU64,
     me: std::sync::Weak<CachedStore>,
 }
@@ -233,10 +235,20 @@ impl CachedStore {
         }
         for (id, direct) in directs {
             let me = self.me.upgrade().expect("a cache pumps while it lives");
+            // Writes past the budget count in the rate the budget is sized
+            // by: they are write-back the devices took, and counting only
+            // the cached part would read a device kept busy by them as slow.
+            let stored = match &direct.op {
+                DeviceOp::Write { buf, .. } => buf.len() as u64,
+                _ => 0,
+            };
             self.inner.submit(
                 direct.class,
                 direct.op,
                 Box::new(move |outcome| {
+                    if outcome.result.is_ok() {
+                        me.written_bytes.fetch_add(stored, Ordering::Relaxed);
+                    }
                     me.map().direct_done(id);
                     (direct.done)(outcome);
                     me.pump();
