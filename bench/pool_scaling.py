@@ -73,7 +73,7 @@ def sh(*cmd):
 class Build:
     """One weir build serving its own mirror pool of two /dev/shm files."""
 
-    def __init__(self, name, weir, tmp, shm):
+    def __init__(self, name, weir, tmp, shm, extra=()):
         self.name = name
         data = os.path.join(tmp, f"data-{name}")
         members = [os.path.join(shm, f"weir-scaling-{os.getpid()}-{name}-{i}.img") for i in range(2)]
@@ -85,7 +85,7 @@ class Build:
         sh(weir, "volume", "create", "tank/disk", "--size", str(VOLUME), "--data-dir", data)
         sock = os.path.join(tmp, f"{name}.sock")
         cmd = [weir, "serve", "--listen", "none", "--socket", sock, "--admin", "127.0.0.1:0",
-               "--data-dir", data, "--log-level", "warn"]
+               "--data-dir", data, "--log-level", "warn", *extra]
         print(f"  {name}: {shlex.join(cmd)}", flush=True)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_socket(sock, self.proc, timeout=120)
@@ -161,6 +161,8 @@ def main():
                         help="runs of every cell on every build, alternating; the median (by MB/s) is reported")
     parser.add_argument("--jobs", default=",".join(map(str, JOB_COUNTS)), help="connection counts to run")
     parser.add_argument("--baseline", metavar="WEIR_BIN", help="an older build to compare, served beside")
+    parser.add_argument("--cache", choices=["writeback", "writethrough"],
+                        help="the new build's cache mode (default: its own default); the baseline runs as it is")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "pool-scaling"),
                         help="write OUT.json and OUT.md (default: bench/results/pool-scaling)")
     args = parser.parse_args()
@@ -172,7 +174,7 @@ def main():
               "command": "bench/pool-scaling.sh " + shlex.join(sys.argv[1:]), "results": []}
     builds = []
     try:
-        builds.append(Build("weir", WEIR, tmp, shm))
+        builds.append(Build("weir", WEIR, tmp, shm, ["--cache", args.cache] if args.cache else []))
         if args.baseline:
             builds.append(Build("baseline", args.baseline, tmp, shm))
         results = {}
@@ -200,6 +202,8 @@ def main():
         for build in builds:
             build.stop()
     text = table(results, [b.name for b in builds])
+    mode = args.cache or "writeback, the default"
+    text = text.replace("writes by connection count", f"writes by connection count (weir's cache: {mode})", 1)
     idle = ", ".join(f"{n}: {t}" for n, t in report["idle_threads"].items())
     text += f"\n\nServer threads with no client connected: {idle}.\n"
     print(text, flush=True)

@@ -148,6 +148,11 @@ kernel starts for writes it cannot issue without blocking (tmpfs files) and
 ends when idle. Where a baseline build is shown, it is the last build whose
 pool ran every write on a pool of up to 64 threads that each waited for the
 devices (commit 08887e8), served beside the current one in the same rounds."""))
+    parts.append(section(os.path.join(RESULTS, "pool-scaling-writethrough.md"),
+                         "Pools: writes by connection count, written through",
+                         """The same runs with the current build's volumes in `--cache writethrough`, so that
+both builds answer a write once both copies have it: the pool's dispatch alone,
+without the write-back cache's copy and pacing."""))
     parts.append(section(os.path.join(RESULTS, "cache.md"), "Write-back cache against write-through",
                          """Two servers side by side, one with `--cache writeback` (the default) and one with
 `--cache writethrough`, each exporting a file on the same disk and 1 GiB HDD,
@@ -227,6 +232,8 @@ def main():
             failed += run(["bench/pool.sh", "--out", "bench/results/pool"]) != 0
         if "pool-scaling" in wanted:
             failed += run(["bench/pool-scaling.sh", "--out", "bench/results/pool-scaling"]) != 0
+            failed += run(["bench/pool-scaling.sh", "--cache", "writethrough",
+                           "--out", "bench/results/pool-scaling-writethrough"]) != 0
         if "cache" in wanted:
             failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
         if "writeback-matrix" in wanted:
