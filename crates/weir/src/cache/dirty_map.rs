@@ -92,7 +92,7 @@ pub struct Writeback {
     pub start: u64,
     pub end: u64,
     pub spans: Vec<Span>,
-    /// A flush or direct op is waiting for it.
+    /// A flush, or a direct op a client waits on, is waiting for it.
     pub urgent: bool,
 }
 
@@ -106,6 +106,11 @@ struct DirectWait<T> {
     gen: u64,
     start: u64,
     end: u64,
+    /// A client waits on it: the pieces it must follow are urgent.
+    urgent: bool,
+    /// Every piece it must follow has been started: pieces written later
+    /// are newer, so there is nothing more to start for it.
+    ahead_started: bool,
     token: T,
 }
 
@@ -419,14 +424,17 @@ impl<F, D> DirtyMap<F, D> {
     }
 
     /// An op that must reach the store after the cached data older than it
-    /// in `[start, end)`, and before anything newer there. Returns its
-    /// generation.
-    pub fn direct(&mut self, start: u64, end: u64, token: D) -> u64 {
+    /// in `[start, end)`, and before anything newer there. `urgent` if a
+    /// client waits on it (not a write past the budget, which is itself
+    /// write-back). Returns its generation.
+    pub fn direct(&mut self, start: u64, end: u64, urgent: bool, token: D) -> u64 {
         let gen = self.take_gen();
         self.directs.push_back(DirectWait {
             gen,
             start,
             end,
+            urgent,
+            ahead_started: false,
             token,
         });
         gen
@@ -494,20 +502,21 @@ impl<F, D> DirtyMap<F, D> {
             }
             true
         };
-        let for_directs: Vec<u64> = self
-            .directs
-            .iter()
-            .flat_map(|d| {
+        let mut for_directs: Vec<(u64, bool)> = Vec::new();
+        for d in self.directs.iter_mut().filter(|d| !d.ahead_started) {
+            let before = for_directs.len();
+            for_directs.extend(
                 self.pieces
                     .range(..d.end)
                     .rev()
-                    .take_while(move |(_, p)| p.end > d.start)
-                    .filter(move |(_, p)| p.writing.is_none() && p.gen < d.gen)
-                    .map(|(k, _)| *k)
-            })
-            .collect();
-        for key in for_directs {
-            if !take(self, &mut out, key, true) {
+                    .take_while(|(_, p)| p.end > d.start)
+                    .filter(|(_, p)| p.writing.is_none() && p.gen < d.gen)
+                    .map(|(k, _)| (*k, d.urgent)),
+            );
+            d.ahead_started = for_directs.len() == before;
+        }
+        for (key, urgent) in for_directs {
+            if !take(self, &mut out, key, urgent) {
                 return out;
             }
         }

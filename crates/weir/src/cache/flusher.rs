@@ -30,6 +30,12 @@ pub trait Ticked: Send + Sync {
 /// a block cache wants its memory back sooner).
 pub const TICK: Duration = Duration::from_millis(100);
 
+/// Paused replies due within this much of each other are released
+/// together: one wakeup of the flusher for many writers instead of one
+/// each (a pause is tens of microseconds to `PAUSE_MAX`; this is the
+/// timer slack of the pacing).
+const RELEASE_SLACK: Duration = Duration::from_millis(1);
+
 type Reply = Box<dyn FnOnce() + Send>;
 
 struct Paused {
@@ -62,6 +68,8 @@ struct State {
     seq: u64,
     caches: Vec<Weak<dyn Ticked>>,
     stop: bool,
+    /// When the thread, asleep, wakes by itself (None while it runs).
+    sleeps_until: Option<Instant>,
 }
 
 pub struct Flusher {
@@ -122,13 +130,17 @@ impl Flusher {
             drop(state);
             return reply();
         }
-        state.paused.push(Paused {
-            at: Instant::now() + pause,
-            seq,
-            reply,
-        });
+        let at = Instant::now() + pause;
+        state.paused.push(Paused { at, seq, reply });
+        // Wake the thread only if it would otherwise release this reply
+        // late; a running thread looks at the heap before it sleeps.
+        let wake = state
+            .sleeps_until
+            .is_some_and(|until| at + RELEASE_SLACK < until);
         drop(state);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     /// End the thread, releasing every paused reply first.
@@ -158,18 +170,20 @@ fn run(weak: Weak<Flusher>) {
                 .paused
                 .peek()
                 .map_or(next_tick, |p| p.at.min(next_tick));
-            if wait_until > now && !state.stop {
+            if wait_until > now + RELEASE_SLACK && !state.stop {
+                state.sleeps_until = Some(wait_until);
                 let (guard, _) = flusher
                     .wake
                     .wait_timeout(state, wait_until - now)
                     .expect("flusher lock");
                 state = guard;
+                state.sleeps_until = None;
             }
-            let now = Instant::now();
+            let release_by = Instant::now() + RELEASE_SLACK;
             while state
                 .paused
                 .peek()
-                .is_some_and(|p| p.at <= now || state.stop)
+                .is_some_and(|p| p.at <= release_by || state.stop)
             {
                 due.push(state.paused.pop().expect("peeked").reply);
             }

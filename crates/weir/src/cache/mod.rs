@@ -27,7 +27,7 @@ mod store;
 
 pub use budget::{Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};
-pub use store::{CachedStore, RUN_BYTES_MAX, WRITEBACK_BYTES_MAX};
+pub use store::{writeback_bytes_max, CachedStore, RUN_BYTES_MAX, WRITEBACK_RUNS_MAX};
 
 /// Whether a volume keeps writes in memory until FLUSH.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]

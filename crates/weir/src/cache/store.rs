@@ -20,7 +20,24 @@ use crate::sched::IoClass;
 /// bounds the memory copied out. Bounded in bytes, not requests, so that
 /// small scattered writes go out as many requests at once as large
 /// adjacent ones go out bytes: sixteen full runs.
-pub const WRITEBACK_BYTES_MAX: u64 = 16 * RUN_BYTES_MAX;
+const WRITEBACK_BYTES_MAX: u64 = 16 * RUN_BYTES_MAX;
+/// Writebacks in flight per volume. Each is a write to every mirror copy;
+/// at this many, the writebacks a connection thread starts fit in its own
+/// io_uring (240 ops) instead of spilling onto the device's ring thread,
+/// which then carries every later one alone. Deep enough to keep a flash
+/// device busy with scattered 4 KiB pieces.
+pub const WRITEBACK_RUNS_MAX: usize = 64;
+/// Writeback in flight is at most this share of the dirty budget.
+const WRITEBACK_BUDGET_SHARE: u64 = 8;
+
+/// Writeback bytes in flight at once per volume under a budget of
+/// `limit_bytes`. Their copies are charged to the budget, but each is
+/// copied again beneath (once per mirror copy, and into pieces in the
+/// device queue), so they are also held to a share of the budget: memory
+/// stays proportional to the budget the operator set.
+pub fn writeback_bytes_max(limit_bytes: u64) -> u64 {
+    (limit_bytes / WRITEBACK_BUDGET_SHARE).clamp(RUN_BYTES_MAX, WRITEBACK_BYTES_MAX)
+}
 /// Adjacent dirty pieces are joined into writes of up to this size: large
 /// enough to stream on every device, small enough not to hold a reader
 /// behind one write for long.
@@ -181,7 +198,8 @@ impl CachedStore {
                 drop(map);
                 return done(failed_outcome());
             }
-            map.direct(start, start + length, Direct { class, op, done });
+            let urgent = class != IoClass::AsyncWrite;
+            map.direct(start, start + length, urgent, Direct { class, op, done });
         }
         self.pump();
     }
@@ -218,12 +236,19 @@ impl CachedStore {
         }
     }
 
+    fn writeback_bytes_max(&self) -> u64 {
+        writeback_bytes_max(self.flusher.budget().limit_bytes())
+    }
+
     fn pump_once(&self) {
         let pressure = self.flusher.budget().under_pressure();
         let (writebacks, ready) = {
             let mut map = self.map();
-            let room = WRITEBACK_BYTES_MAX.saturating_sub(map.writeback_bytes_in_flight());
-            let writebacks = map.next_writebacks(usize::MAX, room, RUN_BYTES_MAX, pressure);
+            let room = self
+                .writeback_bytes_max()
+                .saturating_sub(map.writeback_bytes_in_flight());
+            let runs = WRITEBACK_RUNS_MAX.saturating_sub(map.writebacks_in_flight());
+            let writebacks = map.next_writebacks(runs, room, RUN_BYTES_MAX, pressure);
             (writebacks, map.ready())
         };
         let Ready { flushes, directs } = ready;

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use super::{Pending, Simulation};
 use crate::cache::dirty_map::{Bytes, DirtyMap};
-use crate::cache::{Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK, WRITEBACK_BYTES_MAX};
+use crate::cache::{
+    writeback_bytes_max, Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK, WRITEBACK_RUNS_MAX,
+};
 use crate::device::model::Nanos;
 use crate::sched::wbt::Wbt;
 use crate::sched::{IoClass, Mode, QueuedIo};
@@ -192,10 +194,12 @@ impl SimCache {
             let runs = (WBT_QUEUE_DEPTH as usize).saturating_sub(self.writebacks.len());
             return (runs, u64::MAX);
         }
-        // The server's own bound.
-        let bytes = WRITEBACK_BYTES_MAX.saturating_sub(self.map.writeback_bytes_in_flight());
+        // The server's own bounds.
+        let bytes = writeback_bytes_max(self.budget.limit_bytes())
+            .saturating_sub(self.map.writeback_bytes_in_flight());
+        let own_runs = WRITEBACK_RUNS_MAX.saturating_sub(self.writebacks.len());
         if self.throttle != WbThrottle::Wbt {
-            return (usize::MAX, bytes);
+            return (own_runs, bytes);
         }
         let runs = self
             .wbt
@@ -204,7 +208,7 @@ impl SimCache {
             .map(|(w, n)| w.background_limit().saturating_sub(*n) as usize)
             .min()
             .unwrap_or(0);
-        (runs, bytes)
+        (runs.min(own_runs), bytes)
     }
 
     pub(super) fn report(&self) -> CacheRun {
@@ -246,7 +250,7 @@ impl Simulation {
         if cache.budget.would_exceed(length) {
             cache.run.direct_writes += 1;
             cache.directs.insert(id, (offset, length));
-            cache.map.direct(offset, offset + length, id);
+            cache.map.direct(offset, offset + length, false, id);
         } else {
             let bytes = Arc::new(SimBytes {
                 zeros: Arc::clone(&cache.zeros),

@@ -106,15 +106,35 @@ fn bytes_replacing_a_piece_in_flight_wait_for_it_and_the_flush_needs_only_the_ol
 }
 
 #[test]
+fn the_bytes_ahead_of_a_write_past_the_budget_go_first_but_in_the_background() {
+    let mut map = Map::default();
+    map.write(0, data(1, 8));
+    map.write(100, data(3, 8));
+    map.direct(2, 6, false, 7);
+    let runs = map.next_writebacks(1, u64::MAX, 1 << 20, false);
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (runs[0].start, runs[0].end),
+        (0, 8),
+        "the bytes ahead of the direct op first"
+    );
+    assert!(
+        !runs[0].urgent,
+        "no client waits on a write past the budget"
+    );
+}
+
+#[test]
 fn a_direct_op_goes_after_older_bytes_and_before_newer_ones() {
     let mut map = Map::default();
     map.write(0, data(1, 8));
-    map.direct(2, 6, 7);
+    map.direct(2, 6, true, 7);
     assert!(map.ready().directs.is_empty(), "older bytes first");
     map.write(4, data(2, 4));
     let runs = map.next_writebacks(8, u64::MAX, 1 << 20, false);
     assert_eq!(runs.len(), 1, "only the older bytes are urgent");
     assert_eq!((runs[0].start, runs[0].end), (0, 4));
+    assert!(runs[0].urgent, "a client waits on the direct op");
     assert!(map.ready().directs.is_empty(), "writeback in flight");
     map.writeback_done(runs[0].id, true);
     let ready = map.ready();
@@ -189,7 +209,12 @@ fn random_histories_keep_reads_exact_and_flushes_durable() {
                     let len = 1 + rng.below((SPACE - start).min(8));
                     let value = next_value;
                     next_value = next_value.wrapping_add(1).max(1);
-                    let gen = map.direct(start, start + len, u32::from(value));
+                    let gen = map.direct(
+                        start,
+                        start + len,
+                        value.is_multiple_of(2),
+                        u32::from(value),
+                    );
                     gen_of_value[value as usize] = gen;
                     directs.push((u32::from(value), start, vec![value; len as usize], gen));
                 }
