@@ -194,7 +194,7 @@ impl IoQueue {
             next_seq: 0,
             last_end: 0,
             zfs: Zfs::default(),
-            adaptive: Adaptive::default(),
+            adaptive: Adaptive::new(rotational),
             splits: HashMap::new(),
             piece_owner: HashMap::new(),
             next_piece_id: PIECE_IDS_FROM,
