@@ -3,12 +3,12 @@
 //! written pieces settle and start background writeback, and measures
 //! the writeback rate that sizes the budget.
 
-use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::budget::DirtyBudget;
+use super::pauses::{self, PausedReplies, Reply, RELEASE_SLACK};
 
 /// What one tick saw, for the rate that sizes the budget.
 pub struct TickStats {
@@ -30,42 +30,9 @@ pub trait Ticked: Send + Sync {
 /// a block cache wants its memory back sooner).
 pub const TICK: Duration = Duration::from_millis(100);
 
-/// Paused replies due within this much of each other are released
-/// together: one wakeup of the flusher for many writers instead of one
-/// each (a pause is tens of microseconds to `PAUSE_MAX`; this is the
-/// timer slack of the pacing).
-const RELEASE_SLACK: Duration = Duration::from_millis(1);
-
-type Reply = Box<dyn FnOnce() + Send>;
-
-struct Paused {
-    at: Instant,
-    seq: u64,
-    reply: Reply,
-}
-
-impl PartialEq for Paused {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Paused {}
-impl PartialOrd for Paused {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Paused {
-    /// Earliest first in a max-heap.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 #[derive(Default)]
 struct State {
-    paused: BinaryHeap<Paused>,
-    seq: u64,
+    paused: PausedReplies,
     caches: Vec<Weak<dyn Ticked>>,
     stop: bool,
     /// When the thread, asleep, wakes by itself (None while it runs).
@@ -120,18 +87,19 @@ impl Flusher {
         state.caches.push(cache);
     }
 
-    /// Run `reply` after `pause`.
+    /// Run `reply` after `pause`: on this thread if it releases its own
+    /// paused replies, else on the flusher's.
     pub fn after(&self, pause: Duration, reply: Reply) {
+        let at = Instant::now() + pause;
+        let Err(reply) = pauses::hold_here(at, reply) else {
+            return;
+        };
         let mut state = self.state.lock().expect("flusher lock");
-        state.seq += 1;
-        let seq = state.seq;
-        let stopped = state.stop;
-        if stopped {
+        if state.stop {
             drop(state);
             return reply();
         }
-        let at = Instant::now() + pause;
-        state.paused.push(Paused { at, seq, reply });
+        state.paused.hold(at, reply);
         // Wake the thread only if it would otherwise release this reply
         // late; a running thread looks at the heap before it sleeps.
         let wake = state
@@ -162,14 +130,13 @@ fn run(weak: Weak<Flusher>) {
         let Some(flusher) = weak.upgrade() else {
             return;
         };
-        let mut due = Vec::new();
-        let stop = {
+        let (due, stop) = {
             let mut state = flusher.state.lock().expect("flusher lock");
             let now = Instant::now();
             let wait_until = state
                 .paused
-                .peek()
-                .map_or(next_tick, |p| p.at.min(next_tick));
+                .next_at()
+                .map_or(next_tick, |at| at.min(next_tick));
             if wait_until > now + RELEASE_SLACK && !state.stop {
                 state.sleeps_until = Some(wait_until);
                 let (guard, _) = flusher
@@ -179,15 +146,12 @@ fn run(weak: Weak<Flusher>) {
                 state = guard;
                 state.sleeps_until = None;
             }
-            let release_by = Instant::now() + RELEASE_SLACK;
-            while state
-                .paused
-                .peek()
-                .is_some_and(|p| p.at <= release_by || state.stop)
-            {
-                due.push(state.paused.pop().expect("peeked").reply);
-            }
-            state.stop
+            let due = if state.stop {
+                state.paused.take_all()
+            } else {
+                state.paused.take_due(Instant::now() + RELEASE_SLACK)
+            };
+            (due, state.stop)
         };
         for reply in due {
             reply();

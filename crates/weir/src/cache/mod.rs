@@ -16,17 +16,20 @@
 //! clients expect it: a WRITE answered from memory costs a memcpy
 //! instead of the devices' latency. The rules that keep it safe live in
 //! [`dirty_map`]; the server-wide memory limit and writer pacing in
-//! [`budget`]; the background thread in [`flusher`]. Writeback goes to
-//! the device queues as async-write, which the adaptive scheduler holds
-//! back from client reads by the read latency it measures.
+//! [`budget`]; the background thread in [`flusher`]; paused replies in
+//! [`pauses`], released by the connection thread that read the write.
+//! Writeback goes to the device queues as async-write, which the adaptive
+//! scheduler holds back from client reads by the read latency it measures.
 
 mod budget;
 pub mod dirty_map;
 mod flusher;
+mod pauses;
 mod store;
 
 pub use budget::{Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};
+pub use pauses::LocalPauses;
 pub use store::{writeback_bytes_max, CachedStore, RUN_BYTES_MAX, WRITEBACK_RUNS_MAX};
 
 /// Whether a volume keeps writes in memory until FLUSH.

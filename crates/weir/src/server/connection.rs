@@ -28,6 +28,7 @@ use super::idle_spin::IdleSpin;
 use super::outbox::{Body, Outbox, Reply};
 use super::spin_trial::SpinTrial;
 use super::stream::Stream;
+use crate::cache::LocalPauses;
 use crate::device::{AlignedBuf, ThreadRing};
 use crate::volume::{Done, Volume};
 
@@ -118,17 +119,42 @@ impl Replier {
     }
 }
 
-/// What the reader does instead of sleeping: send queued replies, then
-/// reap its own ring. Returns false when only other threads can help.
-fn make_progress(outbox: &Outbox, ring: Option<&ThreadRing>) -> bool {
+/// What the reader does instead of sleeping: release the write replies
+/// whose pause is over, send queued replies, then reap its own ring (or
+/// wait for the next paused reply). Returns false when only other threads
+/// can help.
+fn make_progress(outbox: &Outbox, ring: Option<&ThreadRing>, pauses: Option<&LocalPauses>) -> bool {
+    let next_release = pauses.and_then(LocalPauses::release_due);
     outbox.drain_unless_busy();
-    match ring {
-        Some(ring) if ring.in_flight() > 0 => {
+    match (ring, next_release) {
+        (Some(ring), None) if ring.in_flight() > 0 => {
             ring.wait(None);
+            true
+        }
+        (Some(ring), Some(at)) if ring.in_flight() > 0 => {
+            ring.wait_until(at);
+            true
+        }
+        (_, Some(at)) => {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
             true
         }
         _ => false,
     }
+}
+
+/// Wait until `fd` has data (or an error to report) or `deadline` passes.
+fn readable_by(fd: RawFd, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout_ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd for the duration of the call.
+    let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+    ready != 0
 }
 
 /// The socket as the reader sees it: before each read that may block, it
@@ -147,6 +173,8 @@ struct SocketReader<'a> {
     fd: RawFd,
     outbox: &'a Outbox,
     ring: Option<&'a ThreadRing>,
+    /// Write replies this thread holds for the cache's pause.
+    pauses: Option<&'a LocalPauses>,
     spin: IdleSpin,
     /// The ring's `submitted_total` at the last read.
     ring_submitted_seen: u64,
@@ -193,10 +221,12 @@ impl SocketReader<'_> {
 impl Read for SocketReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
+            let next_release = self.pauses.and_then(LocalPauses::release_due);
             self.outbox.drain_unless_busy();
             match self.ring {
                 Some(ring) if ring.in_flight() > 0 => {
-                    let ready = ring.wait_spinning(Some(self.fd), self.ring_trial.window());
+                    let window = self.ring_trial.window();
+                    let ready = ring.wait_spinning(Some(self.fd), window, next_release);
                     let completed = ring.completed_total();
                     self.ring_trial
                         .record(completed - self.ring_completed_seen, Instant::now());
@@ -205,7 +235,12 @@ impl Read for SocketReader<'_> {
                         break;
                     }
                 }
-                _ => break,
+                // Replies are held: wait for the client no longer than
+                // the next is due.
+                _ => match next_release {
+                    Some(at) if !readable_by(self.fd, at) => {}
+                    _ => break,
+                },
             }
         }
         let submitted = self.ring.map_or(0, ThreadRing::submitted_total);
@@ -276,6 +311,12 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
             |err| tracing::debug!(peer, error = %err, "no thread ring; device threads reap"),
         )
         .ok();
+    // This thread releases its writes' paused replies itself where its
+    // waits can end on time; else the cache's flusher thread does.
+    let pauses = ring
+        .as_ref()
+        .is_none_or(ThreadRing::has_deadlines)
+        .then(LocalPauses::enter);
     let replier = Replier {
         outbox: Arc::clone(&outbox),
     };
@@ -284,6 +325,7 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         stream,
         outbox: &outbox,
         ring: ring.as_ref(),
+        pauses: pauses.as_ref(),
         spin: IdleSpin::default(),
         ring_submitted_seen: 0,
         ring_trial: SpinTrial::new(Instant::now()),
@@ -293,15 +335,17 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         READ_BUFFER_BYTES,
         io::Cursor::new(negotiated.leftover).chain(socket),
     );
-    let progress = || make_progress(&outbox, ring.as_ref());
+    let progress = || make_progress(&outbox, ring.as_ref(), pauses.as_ref());
     let ended = requests(&mut reader, &volume, &session, &budget, &replier, &progress);
     match ended {
         Ok(why) => tracing::debug!(peer, "connection closed: {why}"),
         Err(why) => tracing::warn!(peer, "dropping connection: {why}"),
     }
     budget.wait_idle(progress);
-    outbox.drain();
     drop(reader);
+    // Replies of other connections' writes this thread may still hold.
+    drop(pauses);
+    outbox.drain();
     drop(ring);
     outbox.close();
     outbox.join_writer();

@@ -191,6 +191,12 @@ impl ThreadRing {
         self.state.borrow().completed_total
     }
 
+    /// Whether waits can end at a deadline (the kernel takes a timeout
+    /// with `io_uring_enter`, Linux 5.11).
+    pub fn has_deadlines(&self) -> bool {
+        self.state.borrow().ring.params().is_feature_ext_arg()
+    }
+
     /// Ops submitted through this ring and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.state.borrow().flight.in_flight()
@@ -203,17 +209,28 @@ impl ThreadRing {
     /// Callers wait only while ops are in flight or `readable` is given;
     /// otherwise nothing would ever wake the thread.
     pub fn wait(&self, readable: Option<RawFd>) -> bool {
-        wait(&self.state, readable)
+        wait(&self.state, readable, None)
     }
 
     /// As [`wait`](Self::wait), but first watch the ring's shared memory
     /// for up to `window` for a completion (or `readable`'s poll) to be
-    /// pending, so that one arriving soon is taken without sleeping.
-    pub fn wait_spinning(&self, readable: Option<RawFd>, window: Duration) -> bool {
+    /// pending, so that one arriving soon is taken without sleeping; and
+    /// sleep no later than `deadline`.
+    pub fn wait_spinning(
+        &self,
+        readable: Option<RawFd>,
+        window: Duration,
+        deadline: Option<Instant>,
+    ) -> bool {
         if !window.is_zero() {
             spin_until_pending(&self.state, readable, window);
         }
-        wait(&self.state, readable)
+        wait(&self.state, readable, deadline)
+    }
+
+    /// As [`wait`](Self::wait) with no socket, returning by `deadline`.
+    pub fn wait_until(&self, deadline: Instant) {
+        wait(&self.state, None, Some(deadline));
     }
 }
 
@@ -227,19 +244,22 @@ impl Drop for ThreadRing {
 
 /// Panics if the kernel refuses the ring itself: every op's buffer would
 /// be stuck in limbo, and nothing sensible can continue.
-fn wait(state: &RefCell<State>, readable: Option<RawFd>) -> bool {
+fn wait(state: &RefCell<State>, readable: Option<RawFd>, deadline: Option<Instant>) -> bool {
     let mut fired = false;
     let finished: Vec<(Completion, Outcome)> = {
         let mut state = state.borrow_mut();
         assert!(
-            readable.is_some() || state.flight.in_flight() > 0,
+            readable.is_some() || state.flight.in_flight() > 0 || deadline.is_some(),
             "waiting on an idle ring would never return"
         );
         if let Some(fd) = readable {
             state.arm_poll(fd);
         }
         state.refill();
-        enter(&state.ring, 1);
+        match deadline {
+            None => enter(&state.ring, 1),
+            Some(deadline) => enter_until(&state.ring, deadline),
+        }
         let completions: Vec<(u64, i32)> = state
             .ring
             .completion()
@@ -321,6 +341,23 @@ fn enter(ring: &IoUring, want: usize) {
     }
 }
 
+/// As `enter(ring, 1)`, but return by `deadline` (io_uring's extended
+/// argument, Linux 5.11).
+fn enter_until(ring: &IoUring, deadline: Instant) {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let timeout = types::Timespec::from(left);
+    let args = types::SubmitArgs::new().timespec(&timeout);
+    match ring.submitter().submit_with_args(1, &args) {
+        Ok(_) => {}
+        Err(err)
+            if matches!(
+                err.raw_os_error(),
+                Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+            ) => {}
+        Err(err) => panic!("io_uring_enter on a thread ring failed: {err}"),
+    }
+}
+
 /// Queue `op` on this thread's ring, or hand it back when there is none (or
 /// it is full, or the thread is about to block on it).
 pub(super) fn try_submit(
@@ -381,7 +418,7 @@ fn finish_current_ring() {
         return;
     };
     while state.borrow().flight.in_flight() > 0 {
-        wait(&state, None);
+        wait(&state, None, None);
     }
 }
 

@@ -140,7 +140,7 @@ fn spinning_waits_take_completions_and_socket_data() {
         }
         let before = ring.completed_total();
         while ring.in_flight() > 0 {
-            assert!(!ring.wait_spinning(Some(server.as_raw_fd()), window));
+            assert!(!ring.wait_spinning(Some(server.as_raw_fd()), window, None));
         }
         assert_eq!(ring.completed_total() - before, 8);
         assert_eq!(rx.try_iter().filter(|ok| *ok).count(), 8);
@@ -156,7 +156,7 @@ fn spinning_waits_take_completions_and_socket_data() {
         );
         let mut readable = false;
         while !readable {
-            readable = ring.wait_spinning(Some(server.as_raw_fd()), window);
+            readable = ring.wait_spinning(Some(server.as_raw_fd()), window, None);
         }
     });
 }
@@ -262,5 +262,28 @@ fn held_ops_reach_the_device_and_complete_with_their_data() {
         }
         seen.sort_unstable();
         assert_eq!(seen, (1..=32).collect::<Vec<u8>>());
+    });
+}
+
+#[test]
+fn a_wait_with_a_deadline_returns_by_it_with_nothing_in_flight() {
+    within_10s(|| {
+        let (_client, server) = UnixStream::pair().unwrap();
+        let ring = ThreadRing::enter().unwrap();
+        assert!(
+            ring.has_deadlines(),
+            "this kernel takes io_uring_enter timeouts"
+        );
+        let started = std::time::Instant::now();
+        ring.wait_until(started + Duration::from_millis(20));
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(19),
+            "returned early: {waited:?}"
+        );
+        // With a socket that never becomes readable, the deadline ends it too.
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        assert!(!ring.wait_spinning(Some(server.as_raw_fd()), Duration::ZERO, Some(deadline)));
+        assert!(std::time::Instant::now() + Duration::from_millis(1) >= deadline);
     });
 }
