@@ -76,8 +76,12 @@ impl PausedReplies {
         due
     }
 
+    /// Take every reply, earliest first.
     pub fn take_all(&mut self) -> Vec<Reply> {
-        self.take_due(Instant::now() + Duration::from_secs(3600 * 24 * 365))
+        // Sorted ascending by `Ord`, which puts the earliest last.
+        let mut all = std::mem::take(&mut self.heap).into_sorted_vec();
+        all.reverse();
+        all.into_iter().map(|p| p.reply).collect()
     }
 }
 
