@@ -154,7 +154,9 @@ fn readable_by(fd: RawFd, deadline: Instant) -> bool {
     let timeout_ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: one valid pollfd for the duration of the call.
     let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
-    ready != 0
+    // An interrupted poll is not data: the caller releases what is due and
+    // polls again rather than block in a read with replies still held.
+    ready > 0
 }
 
 /// The socket as the reader sees it: before each read that may block, it
