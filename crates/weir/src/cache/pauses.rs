@@ -21,10 +21,10 @@ pub const RELEASE_SLACK: Duration = Duration::from_millis(1);
 pub type Reply = Box<dyn FnOnce() + Send>;
 
 /// One held reply.
-pub struct Paused {
-    pub at: Instant,
+struct Paused {
+    at: Instant,
     seq: u64,
-    pub reply: Reply,
+    reply: Reply,
 }
 
 impl PartialEq for Paused {

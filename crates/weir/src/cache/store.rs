@@ -15,11 +15,9 @@ use crate::metrics::CacheReport;
 use crate::pool::{Store, StoreInfo};
 use crate::sched::IoClass;
 
-/// Bytes being written back per volume at once. The device queue decides
-/// how much of it reaches the device beside client reads; this only
-/// bounds the memory copied out. Bounded in bytes, not requests, so that
-/// small scattered writes go out as many requests at once as large
-/// adjacent ones go out bytes: sixteen full runs.
+/// Bytes being written back per volume at once, at most. The device queue
+/// decides how much of it reaches the device beside client reads; this
+/// only bounds the memory copied out: sixteen full runs.
 const WRITEBACK_BYTES_MAX: u64 = 16 * RUN_BYTES_MAX;
 /// Writebacks in flight per volume. Each is a write to every mirror copy;
 /// at this many, the writebacks a connection thread starts fit in its own
@@ -38,6 +36,7 @@ const WRITEBACK_BUDGET_SHARE: u64 = 8;
 pub fn writeback_bytes_max(limit_bytes: u64) -> u64 {
     (limit_bytes / WRITEBACK_BUDGET_SHARE).clamp(RUN_BYTES_MAX, WRITEBACK_BYTES_MAX)
 }
+
 /// Adjacent dirty pieces are joined into writes of up to this size: large
 /// enough to stream on every device, small enough not to hold a reader
 /// behind one write for long.
