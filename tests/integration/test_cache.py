@@ -16,6 +16,17 @@ from test_pool import MIB, PoolTest
 from weirtest import Weir, sparse_file
 
 
+def thread_names(pid):
+    names = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass  # ended while listed
+    return names
+
+
 def rss_bytes(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -121,6 +132,66 @@ class Cache(PoolTest):
             self.assertEqual(h.pread(MIB, 100 * MIB), block)
         finally:
             w.stop()
+
+    def test_replies_finished_on_other_threads_need_no_second_thread_per_connection(self):
+        """Connections write past a small dirty budget and flush, so most
+        replies finish on device threads or on other connections' threads.
+        Each connection's own thread sends them: no reply thread runs, and
+        going from one connection to eight adds the eight connection
+        threads and at most two others (the kernel's io_uring workers
+        aside)."""
+        self.make_pool()
+        w = Weir("--data-dir", self.data, "--cache-dirty-max", "4M").start()
+        try:
+            one = self.others_at_most(w, connections=1)
+            eight = self.others_at_most(w, connections=8)
+            self.assertEqual(one["reply"] + eight["reply"], 0, "a reply thread ran")
+            self.assertLessEqual(len(eight["others"]), len(one["others"]) + 2,
+                                 f"threads besides connections: {one['others']} with one, {eight['others']} with eight")
+        finally:
+            w.stop()
+
+    def others_at_most(self, w, connections):
+        """Run `connections` writers; the most threads seen at once that
+        are not connection threads, and how often a reply thread was seen."""
+        seen = {"others": [], "reply": 0}
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                names = [n for n in thread_names(w.proc.pid) if not n.startswith("iou-wrk")]
+                others = sorted(n for n in names if not n.startswith("weir-conn"))
+                if len(others) > len(seen["others"]):
+                    seen["others"] = others
+                seen["reply"] += sum(n == "weir-reply" for n in names)
+                time.sleep(0.01)
+
+        errors = []
+
+        def client(k):
+            try:
+                h = self.connect(w)
+                block = bytes([k + 1]) * (64 * 1024)
+                for round_ in range(20):
+                    for i in range(16):
+                        h.pwrite(block, (k * 32 + i) * MIB + round_ * 64 * 1024)
+                    h.flush()
+                self.assertEqual(h.pread(64 * 1024, k * 32 * MIB), block)
+                h.shutdown()
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        clients = [threading.Thread(target=client, args=(k,)) for k in range(connections)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=300)
+        done.set()
+        sampler.join()
+        self.assertEqual(errors, [])
+        return seen
 
     def test_writethrough_export_has_every_answered_write_on_the_device_through_kill_9(self):
         path = sparse_file(os.path.join(self.dir, "plain.img"), 64 * MIB)

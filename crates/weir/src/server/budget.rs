@@ -1,7 +1,7 @@
 //! The per-connection limit on work in flight: bytes and requests. The
-//! reader acquires before dispatching a request; the reply writer releases
-//! once the reply is on the wire. A client that pipelines more than the
-//! budget simply waits, and TCP pushes back on it.
+//! reader acquires before dispatching a request; whichever thread sends
+//! the reply releases once it is on the wire. A client that pipelines
+//! more than the budget simply waits, and TCP pushes back on it.
 
 use parking_lot::{Condvar, Mutex};
 

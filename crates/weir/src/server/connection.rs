@@ -3,7 +3,7 @@
 //! ```text
 //!  socket ─read─> [this thread] decode ─> validate ─> volume.op(.., done)
 //!                                                            │ (this thread's ring, or any thread)
-//!  socket <─write─ outbox (this thread, or the reply thread) <┘
+//!  socket <─write─ outbox (this thread, woken by others; the reply thread for backlogs) <┘
 //! ```
 //!
 //! Requests run concurrently and are answered as they finish. The thread
@@ -120,43 +120,70 @@ impl Replier {
 }
 
 /// What the reader does instead of sleeping: release the write replies
-/// whose pause is over, send queued replies, then reap its own ring (or
-/// wait for the next paused reply). Returns false when only other threads
-/// can help.
+/// whose pause is over, send queued replies, then reap its own ring, or
+/// wait for the next paused reply or a call from another thread (a reply
+/// finished there, or budget released). It always makes progress or
+/// waits for it, so the caller loops and never sleeps on its own.
 fn make_progress(outbox: &Outbox, ring: Option<&ThreadRing>, pauses: Option<&LocalPauses>) -> bool {
     let next_release = pauses.and_then(LocalPauses::release_due);
-    outbox.drain_unless_busy();
+    if outbox.drain_unless_busy() {
+        // Budget came back: the caller looks again before anyone waits.
+        return true;
+    }
     match (ring, next_release) {
+        // The ring watches the outbox's wake descriptor too.
         (Some(ring), None) if ring.in_flight() > 0 => {
             ring.wait(None);
-            true
         }
-        (Some(ring), Some(at)) if ring.in_flight() > 0 => {
-            ring.wait_until(at);
-            true
+        (Some(ring), Some(at)) if ring.in_flight() > 0 => ring.wait_until(at),
+        (_, at) => {
+            wait_for(None, outbox, at);
         }
-        (_, Some(at)) => {
-            std::thread::sleep(at.saturating_duration_since(Instant::now()));
-            true
-        }
-        _ => false,
     }
+    true
 }
 
-/// Wait until `fd` has data (or an error to report) or `deadline` passes.
-fn readable_by(fd: RawFd, deadline: Instant) -> bool {
-    let left = deadline.saturating_duration_since(Instant::now());
-    let mut poll = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let timeout_ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd for the duration of the call.
-    let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+/// What ended a [`wait_for`].
+#[derive(PartialEq)]
+enum Woken {
+    /// The socket has data (or an error to report).
+    Socket,
+    /// Another thread called, the deadline passed, or a signal came.
+    Other,
+}
+
+/// Wait until `socket` (if given) is readable, the outbox's reader is
+/// called, or `deadline` passes.
+fn wait_for(socket: Option<RawFd>, outbox: &Outbox, deadline: Option<Instant>) -> Woken {
+    if outbox.reader_called() {
+        return Woken::Other;
+    }
+    let mut polls = [
+        libc::pollfd {
+            fd: outbox.reader_wake_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: socket.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let timeout_ms = deadline.map_or(-1, |at| {
+        let left = at.saturating_duration_since(Instant::now());
+        left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+    });
+    let count: libc::nfds_t = if socket.is_some() { 2 } else { 1 };
+    // SAFETY: `count` valid pollfds for the duration of the call.
+    let ready = unsafe { libc::poll(polls.as_mut_ptr(), count, timeout_ms) };
     // An interrupted poll is not data: the caller releases what is due and
-    // polls again rather than block in a read with replies still held.
-    ready > 0
+    // waits again rather than block in a read with replies still held.
+    if ready > 0 && count == 2 && polls[1].revents != 0 {
+        Woken::Socket
+    } else {
+        Woken::Other
+    }
 }
 
 /// The socket as the reader sees it: before each read that may block, it
@@ -192,7 +219,8 @@ impl SocketReader<'_> {
         let window = self.spin.window();
         if !window.is_zero() {
             let deadline = Instant::now() + window;
-            loop {
+            // A call from another thread ends the spin: replies wait.
+            while !self.outbox.reader_called() {
                 // SAFETY: `buf` is valid for writes of its length.
                 let got = unsafe {
                     libc::recv(
@@ -216,7 +244,18 @@ impl SocketReader<'_> {
                 std::hint::spin_loop();
             }
         }
-        self.stream.read(buf)
+        self.read_blocking(buf)
+    }
+
+    /// Sleep until the socket has data, sending the replies other threads
+    /// call for meanwhile, then read.
+    fn read_blocking(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.outbox.drain_unless_busy();
+            if wait_for(Some(self.fd), self.outbox, None) == Woken::Socket {
+                return self.stream.read(buf);
+            }
+        }
     }
 }
 
@@ -240,8 +279,12 @@ impl Read for SocketReader<'_> {
                 // Replies are held: wait for the client no longer than
                 // the next is due.
                 _ => match next_release {
-                    Some(at) if !readable_by(self.fd, at) => {}
-                    _ => break,
+                    Some(at) => {
+                        if wait_for(Some(self.fd), self.outbox, Some(at)) == Woken::Socket {
+                            break;
+                        }
+                    }
+                    None => break,
                 },
             }
         }
@@ -249,7 +292,7 @@ impl Read for SocketReader<'_> {
         let went_to_device = submitted != self.ring_submitted_seen;
         self.ring_submitted_seen = submitted;
         if went_to_device {
-            return self.stream.read(buf);
+            return self.read_blocking(buf);
         }
         let started = Instant::now();
         let result = self.read_polling(buf);
@@ -300,19 +343,25 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         REQUESTS_IN_FLIGHT_MAX,
     ));
     let id = NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed);
-    let outbox = Outbox::new(
+    let outbox = match Outbox::new(
         id,
         writer_stream,
         session.structured_replies,
         Arc::clone(&budget),
         peer.into(),
-    );
+    ) {
+        Ok(outbox) => outbox,
+        Err(err) => return tracing::warn!(peer, error = %err, "cannot set up connection"),
+    };
     outbox.enter_reader();
     let ring = ThreadRing::enter()
         .inspect_err(
             |err| tracing::debug!(peer, error = %err, "no thread ring; device threads reap"),
         )
         .ok();
+    if let Some(ring) = &ring {
+        ring.watch_wake(outbox.reader_wake_fd());
+    }
     // This thread releases its writes' paused replies itself where its
     // waits can end on time; else the cache's flusher thread does.
     let pauses = ring

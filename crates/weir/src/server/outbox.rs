@@ -1,24 +1,30 @@
 //! The outbox: replies waiting for the socket.
 //!
 //! ```text
-//!  completion on the reader thread ──push (no wake)──┐
-//!  completion on any other thread ──push + wake──────┤
-//!                                                    ▼
+//!  completion on the reader thread ──push (no wake)──────────┐
+//!  completion on any other thread ──push + wake the reader───┤
+//!                                                            ▼
 //!                     queue ──drain──> socket (one writer at a time)
-//!                       ▲  drained by the reader before it blocks,
-//!                       └─ and by the writer thread when woken
+//!                       ▲  drained by the reader before it blocks or
+//!                       │  when woken, never blocking on the socket;
+//!                       └─ by the writer thread for long queues and
+//!                          for a client that stops reading
 //! ```
 //!
 //! The reader writing its own replies saves a thread handoff per request
-//! (most of the latency at queue depth 1). Completions from device threads
-//! never write to the socket themselves: a client that stops reading must
-//! not stall a device shared with other clients.
+//! (most of the latency at queue depth 1). A reply finished on another
+//! thread (a device thread, the cache's writeback) wakes the reader through
+//! an eventfd that all its waits watch, so a connection holds one thread
+//! unless its client falls behind or its replies are long. Completions
+//! from device threads never write to the socket themselves: a client that
+//! stops reading must not stall a device shared with other clients.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -101,6 +107,14 @@ pub struct Outbox {
     queue: Mutex<Queue>,
     ready: Condvar,
     socket: Mutex<Socket>,
+    /// Written to call the reader; every wait of the reader watches it.
+    reader_wake: OwnedFd,
+    /// The reader has been called and has not yet taken the call: later
+    /// callers need not write `reader_wake` again.
+    reader_called: AtomicBool,
+    /// Replies sent (or dropped with their client) and their budget
+    /// released, ever.
+    released_total: AtomicU64,
 }
 
 impl Outbox {
@@ -110,9 +124,16 @@ impl Outbox {
         structured: bool,
         budget: Arc<Budget>,
         peer: String,
-    ) -> Arc<Self> {
+    ) -> io::Result<Arc<Self>> {
         assert_ne!(connection, 0, "connection ids start at 1");
-        Arc::new_cyclic(|me| Outbox {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+        let reader_wake = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(Arc::new_cyclic(|me| Outbox {
             me: me.clone(),
             writer: Mutex::new(None),
             connection,
@@ -132,7 +153,52 @@ impl Outbox {
                 alive: true,
                 partial: None,
             }),
-        })
+            reader_wake,
+            reader_called: AtomicBool::new(false),
+            released_total: AtomicU64::new(0),
+        }))
+    }
+
+    /// The descriptor that becomes readable when the reader is called.
+    pub fn reader_wake_fd(&self) -> RawFd {
+        self.reader_wake.as_raw_fd()
+    }
+
+    /// Whether the reader has been called since it last drained.
+    pub fn reader_called(&self) -> bool {
+        self.reader_called.load(Ordering::SeqCst)
+    }
+
+    /// Call the reader: replies wait for it, or budget it may wait for
+    /// has been released.
+    fn wake_reader(&self) {
+        if !self.reader_called.swap(true, Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+            unsafe { libc::write(self.reader_wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    /// Take a call: clear the eventfd first, then the flag, so a call
+    /// made in between writes the eventfd again rather than being lost.
+    fn take_reader_call(&self) {
+        if self.reader_called.load(Ordering::SeqCst) {
+            let mut count: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 from our non-blocking
+            // eventfd.
+            unsafe {
+                libc::read(
+                    self.reader_wake.as_raw_fd(),
+                    (&mut count as *mut u64).cast(),
+                    8,
+                )
+            };
+            self.reader_called.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn on_reader_thread(&self) -> bool {
+        READER_OF.with(Cell::get) == self.connection
     }
 
     /// Mark the calling thread as this connection's reader.
@@ -210,21 +276,24 @@ impl Outbox {
     }
 
     pub fn push(&self, reply: Reply) {
+        let on_reader = self.on_reader_thread();
         let call_writer = {
             let mut queue = self.queue.lock();
             queue.payload_bytes += payload_bytes(&reply);
             queue.replies.push_back(reply);
             // The reader drains before it blocks, so a short queue can wait
-            // for it; a long one goes to the writer thread so that reading
-            // and writing overlap at high queue depths and with large reads.
-            let call = READER_OF.with(Cell::get) != self.connection
-                || queue.replies.len() >= READER_KEEPS_REPLIES_MAX
+            // for it (called, if this is another thread); a long one goes
+            // to the writer thread so that reading and writing overlap at
+            // high queue depths and with large reads.
+            let call = queue.replies.len() >= READER_KEEPS_REPLIES_MAX
                 || queue.payload_bytes >= READER_KEEPS_BYTES_MAX;
             queue.writer_called |= call;
             call
         };
         if call_writer {
             self.wake_writer();
+        } else if !on_reader {
+            self.wake_reader();
         }
     }
 
@@ -233,14 +302,17 @@ impl Outbox {
     /// it sleeps, so nothing is left behind). It never blocks on the
     /// socket: the reader also reaps its ring, whose completions release
     /// locks that other clients wait for, so a client that stops reading
-    /// its replies leaves them to the writer thread.
-    pub fn drain_unless_busy(&self) {
-        if self.queue.lock().writer_called {
-            return;
+    /// its replies leaves them to the writer thread. Returns whether any
+    /// reply's budget was released meanwhile (by this thread or another).
+    pub fn drain_unless_busy(&self) -> bool {
+        let released_before = self.released_total.load(Ordering::SeqCst);
+        self.take_reader_call();
+        if !self.queue.lock().writer_called {
+            if let Some(socket) = self.socket.try_lock() {
+                self.drain_locked(socket, false);
+            }
         }
-        if let Some(socket) = self.socket.try_lock() {
-            self.drain_locked(socket, false);
-        }
+        self.released_total.load(Ordering::SeqCst) != released_before
     }
 
     /// Write out everything queued (blocking on this client's socket only).
@@ -312,8 +384,16 @@ impl Outbox {
     }
 
     fn release(&self, batch: Vec<Reply>) {
+        if batch.is_empty() {
+            return;
+        }
         for reply in batch {
             self.budget.release(reply.budget_bytes);
+        }
+        self.released_total.fetch_add(1, Ordering::SeqCst);
+        // The reader may be waiting for this budget.
+        if !self.on_reader_thread() {
+            self.wake_reader();
         }
     }
 

@@ -39,6 +39,7 @@ const RING_ENTRIES: u32 = 256;
 /// Ops in one thread ring at once; past this, ops go to the device thread.
 const IN_FLIGHT_MAX: usize = RING_ENTRIES as usize - 16;
 const POLL_TOKEN: u64 = TOKEN_FIRST_RESERVED + 1;
+const WAKE_TOKEN: u64 = TOKEN_FIRST_RESERVED + 2;
 
 thread_local! {
     static CURRENT: RefCell<Option<Rc<RefCell<State>>>> = const { RefCell::new(None) };
@@ -56,6 +57,10 @@ struct State {
     /// Whether this ring counts in `RINGS_WITH_DEVICE_OPS`.
     counted_busy: bool,
     poll_armed: bool,
+    /// A descriptor other threads make readable to end this thread's
+    /// waits (see [`ThreadRing::watch_wake`]), and whether its poll is armed.
+    wake_fd: Option<RawFd>,
+    wake_armed: bool,
     /// Ops ever submitted through this ring.
     submitted_total: u64,
     /// Ops ever finished on this ring.
@@ -68,6 +73,17 @@ impl State {
         // absent, for polls) until its CQE has been reaped.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             self.overflow.push_back(entry);
+        }
+    }
+
+    /// Watch the wake descriptor, if there is one, unless already armed.
+    fn arm_wake(&mut self) {
+        if let (Some(fd), false) = (self.wake_fd, self.wake_armed) {
+            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .build()
+                .user_data(WAKE_TOKEN);
+            self.push(poll);
+            self.wake_armed = true;
         }
     }
 
@@ -169,6 +185,8 @@ impl ThreadRing {
             reserve: Reserve::default(),
             counted_busy: false,
             poll_armed: false,
+            wake_fd: None,
+            wake_armed: false,
             submitted_total: 0,
             completed_total: 0,
         }));
@@ -178,6 +196,14 @@ impl ThreadRing {
             *current = Some(Rc::clone(&state));
         });
         Ok(ThreadRing { state })
+    }
+
+    /// Let `fd` becoming readable end every wait on this ring, as a
+    /// completion does: other threads write to it to call this thread.
+    /// The caller clears it (reads it) before it waits again, or the next
+    /// wait returns at once. `fd` must outlive the ring.
+    pub fn watch_wake(&self, fd: RawFd) {
+        self.state.borrow_mut().wake_fd = Some(fd);
     }
 
     /// Ops ever submitted through this ring: a caller can tell whether its
@@ -249,12 +275,16 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>, deadline: Option<Instan
     let finished: Vec<(Completion, Outcome)> = {
         let mut state = state.borrow_mut();
         assert!(
-            readable.is_some() || state.flight.in_flight() > 0 || deadline.is_some(),
+            readable.is_some()
+                || state.flight.in_flight() > 0
+                || deadline.is_some()
+                || state.wake_fd.is_some(),
             "waiting on an idle ring would never return"
         );
         if let Some(fd) = readable {
             state.arm_poll(fd);
         }
+        state.arm_wake();
         state.refill();
         match deadline {
             None => enter(&state.ring, 1),
@@ -271,6 +301,10 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>, deadline: Option<Instan
             if token == POLL_TOKEN {
                 state.poll_armed = false;
                 fired = true;
+                continue;
+            }
+            if token == WAKE_TOKEN {
+                state.wake_armed = false;
                 continue;
             }
             match state.flight.complete(token, result) {
@@ -313,6 +347,7 @@ fn spin_until_pending(state: &RefCell<State>, readable: Option<RawFd>, window: D
     if let Some(fd) = readable {
         state.arm_poll(fd);
     }
+    state.arm_wake();
     state.refill();
     if !state.ring.submission().is_empty() {
         enter(&state.ring, 0);

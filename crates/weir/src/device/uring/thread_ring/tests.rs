@@ -1,5 +1,5 @@
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -284,6 +284,45 @@ fn a_wait_with_a_deadline_returns_by_it_with_nothing_in_flight() {
         // With a socket that never becomes readable, the deadline ends it too.
         let deadline = std::time::Instant::now() + Duration::from_millis(20);
         assert!(!ring.wait_spinning(Some(server.as_raw_fd()), Duration::ZERO, Some(deadline)));
+        assert!(std::time::Instant::now() + Duration::from_millis(1) >= deadline);
+    });
+}
+
+#[test]
+fn another_thread_ends_a_wait_through_the_wake_descriptor() {
+    within_10s(|| {
+        let (_client, server) = UnixStream::pair().unwrap();
+        // An eventfd stands for the outbox's: another thread writes it.
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(raw >= 0);
+        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+        let wake = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let ring = ThreadRing::enter().unwrap();
+        ring.watch_wake(wake.as_raw_fd());
+        let caller = {
+            let fd = wake.as_raw_fd();
+            thread::spawn(move || {
+                thread::sleep(Duration::from_millis(20));
+                let one: u64 = 1;
+                // SAFETY: writes 8 bytes from a live u64 to the eventfd.
+                unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+            })
+        };
+        // Nothing in flight and a socket that stays silent: only the call
+        // can end these waits.
+        assert!(
+            !ring.wait(Some(server.as_raw_fd())),
+            "the socket had no data"
+        );
+        caller.join().unwrap();
+        let mut count: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from the eventfd.
+        let got = unsafe { libc::read(wake.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        assert_eq!((got, count), (8, 1), "the wake was written once");
+        // Cleared, the next wait sleeps until the deadline again.
+        let deadline = std::time::Instant::now() + Duration::from_millis(20);
+        ring.wait_until(deadline);
         assert!(std::time::Instant::now() + Duration::from_millis(1) >= deadline);
     });
 }
