@@ -507,7 +507,7 @@ fn requests<R: Read>(
                 volume.write_zeroes(offset, length, fua, may_trim, fast_only, done);
             }
             Command::Cache { .. } => {
-                // weir keeps no cache yet (O_DIRECT throughout): nothing to prefetch into.
+                // A hint to prefetch: weir caches writes, not reads, so there is nothing to fill.
                 acquire(0);
                 replier.send(handle, 0, Body::Ok);
             }
