@@ -54,6 +54,11 @@ impl Budget {
         }
     }
 
+    /// No request holds any budget: none of its replies is still to come.
+    pub fn idle(&self) -> bool {
+        self.used.lock().1 == 0
+    }
+
     pub fn release(&self, bytes: u64) {
         let mut used = self.used.lock();
         assert!(

@@ -252,6 +252,12 @@ impl SocketReader<'_> {
     fn read_blocking(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             self.outbox.drain_unless_busy();
+            // With every reply sent, no call can come: one blocking read
+            // costs a system call less than a poll and a read (at depth 1
+            // on a file, 10 us of the 90 us a write takes on a 2-vCPU VM).
+            if self.outbox.nothing_pending() {
+                return self.stream.read(buf);
+            }
             if wait_for(Some(self.fd), self.outbox, None) == Woken::Socket {
                 return self.stream.read(buf);
             }

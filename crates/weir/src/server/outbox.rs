@@ -164,6 +164,12 @@ impl Outbox {
         self.reader_wake.as_raw_fd()
     }
 
+    /// No reply is still to come: nothing can call the reader until it
+    /// reads another request.
+    pub fn nothing_pending(&self) -> bool {
+        self.budget.idle()
+    }
+
     /// Whether the reader has been called since it last drained.
     pub fn reader_called(&self) -> bool {
         self.reader_called.load(Ordering::SeqCst)
