@@ -3,7 +3,8 @@
 //! ```text
 //!  socket ─read─> [this thread] decode ─> validate ─> volume.op(.., done)
 //!                                                            │ (this thread's ring, or any thread)
-//!  socket <─write─ outbox (this thread, woken by others; the reply thread for backlogs) <┘
+//!  socket <─write─ outbox <──────────────────────────────────┘
+//!                   (sent by this thread, woken by others; by the reply thread for backlogs)
 //! ```
 //!
 //! Requests run concurrently and are answered as they finish. The thread
