@@ -10,7 +10,11 @@
 //! ```
 //!
 //! One write of a group's log is in flight at a time, so that an older
-//! image of a page never lands after a newer one. A writer whose bits an
+//! image of a page never lands after a newer one. A batch goes to the
+//! device queue in the most urgent class among the writes waiting on it:
+//! the log page a writeback needs is writeback too, so the adaptive mode
+//! does not take it for a client's write and hold back the very writeback
+//! that is waiting for it. A writer whose bits an
 //! earlier durable image already carried is answered at once; writers
 //! that queue behind one write share the next (sequential writers set bits
 //! in the same page one after another).
@@ -33,6 +37,7 @@ pub(super) type LogDone = Box<dyn FnOnce(io::Result<()>) + Send>;
 struct LogRequest {
     pages: BTreeSet<u64>,
     durable: bool,
+    class: IoClass,
     /// Bits set at this log version: pages whose durable image is at
     /// least this recent need no write. None: write regardless.
     version: Option<u64>,
@@ -55,6 +60,7 @@ struct Queue {
 struct Batch {
     pages: Vec<u64>,
     durable: bool,
+    class: IoClass,
     version: u64,
     requests: Vec<LogRequest>,
 }
@@ -62,19 +68,22 @@ struct Batch {
 impl PoolData {
     /// Write the log pages holding `regions`' bits to every writable copy
     /// of `group` (durably if `durable`), then run `done`. With `version`,
-    /// pages already durable at that version are skipped.
+    /// pages already durable at that version are skipped. `class` is that
+    /// of the I/O waiting for the log.
     pub(super) fn commit_log(
         self: &Arc<Self>,
         group: usize,
         regions: &[u64],
         durable: bool,
         version: Option<u64>,
+        class: IoClass,
         done: LogDone,
     ) {
         let pages = regions.iter().map(|r| r / LOG_BITS_PER_PAGE).collect();
         let request = LogRequest {
             pages,
             durable,
+            class: log_class(class),
             version,
             done,
         };
@@ -104,6 +113,7 @@ impl PoolData {
                 let state = group.state.lock();
                 let mut pages = BTreeSet::new();
                 let mut durable = false;
+                let mut class = IoClass::Scrub;
                 let mut batched = Vec::new();
                 let mut already = Vec::new();
                 for request in requests {
@@ -124,11 +134,13 @@ impl PoolData {
                     }
                     pages.extend(needed);
                     durable |= request.durable;
+                    class = more_urgent(class, request.class);
                     batched.push(request);
                 }
                 let batch = Batch {
                     pages: pages.into_iter().collect(),
                     durable,
+                    class,
                     version: state.log_version,
                     requests: batched,
                 };
@@ -164,11 +176,7 @@ impl PoolData {
                 })
                 .collect()
         };
-        let class = if batch.durable {
-            IoClass::SyncWrite
-        } else {
-            IoClass::AsyncWrite
-        };
+        let class = batch.class;
         let members = group.writable();
         let writes = members.len() * images.len();
         if writes == 0 {
@@ -269,5 +277,31 @@ impl PoolData {
             (request.done)(result.as_ref().map(|_| ()).map_err(copy_error));
         }
         self.next_log_batch(group_index);
+    }
+}
+
+/// The class a log write takes for an I/O of `class`: a client's I/O
+/// (TRIM and WRITE_ZEROES included) makes it a client write, readahead and
+/// writeback make it writeback, scrub and resilver keep theirs.
+fn log_class(class: IoClass) -> IoClass {
+    match class {
+        IoClass::SyncRead | IoClass::SyncWrite | IoClass::Trim => IoClass::SyncWrite,
+        IoClass::AsyncRead | IoClass::AsyncWrite => IoClass::AsyncWrite,
+        IoClass::Scrub | IoClass::Resilver => class,
+    }
+}
+
+/// Of two log-write classes, the one a batch serving both must take.
+fn more_urgent(a: IoClass, b: IoClass) -> IoClass {
+    let rank = |class| match class {
+        IoClass::SyncWrite => 0,
+        IoClass::AsyncWrite => 1,
+        IoClass::Resilver => 2,
+        _ => 3,
+    };
+    if rank(b) < rank(a) {
+        b
+    } else {
+        a
     }
 }

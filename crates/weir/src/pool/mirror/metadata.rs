@@ -302,6 +302,12 @@ impl PoolData {
                 regions,
                 durable,
                 None,
+                // Clearing bits can wait; making them durable is for a flush.
+                if durable {
+                    IoClass::SyncWrite
+                } else {
+                    IoClass::AsyncWrite
+                },
                 Box::new(move |result| drop(sender.send(result))),
             );
             drop(pool);

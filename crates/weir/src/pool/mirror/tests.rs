@@ -109,6 +109,55 @@ fn read(pool: &Arc<PoolData>, offset: u64, length: usize) -> std::io::Result<Vec
     Ok(out)
 }
 
+/// Device operations of `class` sent to each member of group 0 so far.
+fn ops_of(pool: &Arc<PoolData>, class: IoClass) -> Vec<u64> {
+    pool.groups[0]
+        .writable()
+        .iter()
+        .map(|(_, attached)| attached.queue.counters(class).ops.load(Ordering::Relaxed))
+        .collect()
+}
+
+#[test]
+fn the_log_write_a_write_needs_goes_in_that_write_s_class() {
+    let fixture = Fixture::new(1, 2);
+    let pool = fixture.open();
+    let data = pattern(3, DATA_BLOCK_BYTES as usize);
+    let write = |offset: u64, class: IoClass| {
+        let mut buf = crate::device::AlignedBuf::new(data.len());
+        buf.as_mut_slice().copy_from_slice(&data);
+        let outcome =
+            super::io_ops::wait(|done| pool.write_submit(offset, buf, false, class, done));
+        outcome.result.expect("write");
+    };
+    let sync_before = ops_of(&pool, IoClass::SyncWrite);
+    let async_before = ops_of(&pool, IoClass::AsyncWrite);
+    // Writeback into a region no write has touched: its log bit must be
+    // durable first, and that log write is writeback as well.
+    write(0, IoClass::AsyncWrite);
+    assert_eq!(
+        ops_of(&pool, IoClass::SyncWrite),
+        sync_before,
+        "no client-class I/O"
+    );
+    for (after, before) in ops_of(&pool, IoClass::AsyncWrite).iter().zip(&async_before) {
+        assert!(
+            after - before >= 2,
+            "the log page and the data: {before} -> {after}"
+        );
+    }
+    // A client's write to another new region takes the client's class.
+    write(2 * CHUNK_BYTES, IoClass::SyncWrite);
+    for (after, before) in ops_of(&pool, IoClass::SyncWrite).iter().zip(&sync_before) {
+        assert!(
+            after - before >= 2,
+            "the log page and the data: {before} -> {after}"
+        );
+    }
+    assert_eq!(read(&pool, 0, data.len()).unwrap(), data);
+    assert_eq!(read(&pool, 2 * CHUNK_BYTES, data.len()).unwrap(), data);
+}
+
 #[test]
 fn a_failed_read_is_narrowed_to_the_bad_blocks_and_only_they_are_repaired() {
     let fixture = Fixture::new(1, 2);

@@ -60,7 +60,7 @@ impl Store for PoolVolume {
                 self.pool.write_submit(at, buf, durable, class, done)
             }
             DeviceOp::Discard { length, .. } | DeviceOp::WriteZeroes { length, .. } => {
-                self.pool.zero_submit(at, length, done)
+                self.pool.zero_submit(at, length, class, done)
             }
             DeviceOp::Flush => self.pool.flush_submit(done),
         }

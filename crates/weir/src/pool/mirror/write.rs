@@ -155,9 +155,21 @@ impl PoolData {
         data: &[u8],
         durable: bool,
     ) -> io::Result<()> {
+        self.write_as(logical, data, durable, IoClass::SyncWrite)
+    }
+
+    /// Write in `class` and wait: for tests.
+    #[cfg(test)]
+    pub(super) fn write_as(
+        self: &Arc<Self>,
+        logical: u64,
+        data: &[u8],
+        durable: bool,
+        class: IoClass,
+    ) -> io::Result<()> {
         let mut buf = AlignedBuf::new(data.len());
         buf.as_mut_slice().copy_from_slice(data);
-        wait(|done| self.write_submit(logical, buf, durable, IoClass::SyncWrite, done)).result
+        wait(|done| self.write_submit(logical, buf, durable, class, done)).result
     }
 
     /// Set the log bits of the regions `pieces` touch. The ones that were
@@ -203,7 +215,13 @@ impl PoolData {
 
     /// Make newly set log bits durable, then run `done`. On failure the
     /// write is withdrawn from the log's accounting.
-    fn persist_announced(self: &Arc<Self>, pieces: &[Piece], newly: Announced, done: LogDone) {
+    fn persist_announced(
+        self: &Arc<Self>,
+        pieces: &[Piece],
+        newly: Announced,
+        class: IoClass,
+        done: LogDone,
+    ) {
         struct Joined {
             left: usize,
             result: io::Result<()>,
@@ -239,7 +257,7 @@ impl PoolData {
                     done(result);
                 }
             });
-            self.commit_log(group, &regions, true, Some(version), committed);
+            self.commit_log(group, &regions, true, Some(version), class, committed);
         }
     }
 
@@ -324,7 +342,13 @@ impl PoolData {
 
     /// Mark whole blocks as zero: no data I/O, only the log bits (durable
     /// where newly set) and the checksums.
-    pub(super) fn zero_submit(self: &Arc<Self>, logical: u64, length: u64, done: Completion) {
+    pub(super) fn zero_submit(
+        self: &Arc<Self>,
+        logical: u64,
+        length: u64,
+        class: IoClass,
+        done: Completion,
+    ) {
         let pieces = self.stripe.map(logical, length);
         self.hold_blocks(&pieces.clone(), true, move |pool, blocks| {
             let newly = pool.log_before_write(&pieces);
@@ -344,6 +368,7 @@ impl PoolData {
             pool.persist_announced(
                 &pieces.clone(),
                 newly,
+                class,
                 Box::new(move |persisted| finish(job_pool, pieces, persisted)),
             );
         });
@@ -352,7 +377,7 @@ impl PoolData {
     /// Zero and wait: for tests.
     #[cfg(test)]
     pub(super) fn zero(self: &Arc<Self>, logical: u64, length: u64) -> io::Result<()> {
-        wait(|done| self.zero_submit(logical, length, done)).result
+        wait(|done| self.zero_submit(logical, length, IoClass::SyncWrite, done)).result
     }
 
     fn record_zeroes(&self, pieces: &[Piece]) {
@@ -395,6 +420,7 @@ impl WriteInFlight {
         pool.persist_announced(
             &pieces,
             newly,
+            self.class,
             Box::new(move |persisted| match persisted {
                 Ok(()) => self.submit(buf),
                 Err(err) => self.answer(Err(err)),

@@ -10,6 +10,8 @@
 //!   kill -9 (completed writes stay);
 //! - a write still in flight across two flushes, then a crash;
 //! - writes to disjoint ranges at once, from threads, beside a flush;
+//! - writes in a client's class and in writeback's, mixed, so that one
+//!   dirty-log write may serve both;
 //! - a member that vanishes and is replaced, and one that misses a run of
 //!   the server and returns stale (it is rebuilt, a chunk per step, while
 //!   the workload goes on);
@@ -264,8 +266,21 @@ impl Run {
 
     /// Write through the pool; a full disk may refuse it (ENOSPC only).
     fn write(&mut self, first: u64, data: &[u8], durable: bool) -> Result<(), String> {
-        let result = self.pool().write(first * DATA_BLOCK_BYTES, data, durable);
+        let class = self.write_class(durable);
+        let result = self
+            .pool()
+            .write_as(first * DATA_BLOCK_BYTES, data, durable, class);
         self.settle_write(first, data, durable, result)
+    }
+
+    /// A client's write, or half the time when not FUA, the cache's
+    /// writeback of one.
+    fn write_class(&mut self, durable: bool) -> IoClass {
+        if !durable && self.rng.below(2) == 0 {
+            IoClass::AsyncWrite
+        } else {
+            IoClass::SyncWrite
+        }
     }
 
     fn settle_write(
@@ -563,16 +578,17 @@ impl Run {
     /// flush beside them: writers that newly dirty log regions share the
     /// log's writes, and requests cross chunk and group boundaries.
     fn concurrent_writes(&mut self) -> Result<(), String> {
-        let mut writes: Vec<(u64, Vec<u8>, bool)> = Vec::new();
+        let mut writes: Vec<(u64, Vec<u8>, bool, IoClass)> = Vec::new();
         for _ in 0..2 + self.rng.below(4) {
             let (first, count) = self.random_range(64);
-            let apart = writes.iter().all(|(f, d, _)| {
+            let apart = writes.iter().all(|(f, d, _, _)| {
                 let c = (d.len() / BLOCK) as u64;
                 first + count <= *f || f + c <= first
             });
             if apart {
                 let durable = self.rng.below(4) == 0;
-                writes.push((first, self.random_data(count), durable));
+                let class = self.write_class(durable);
+                writes.push((first, self.random_data(count), durable, class));
             }
         }
         let with_flush = self.rng.below(2) == 0;
@@ -580,9 +596,11 @@ impl Run {
         let writers: Vec<_> = writes
             .iter()
             .cloned()
-            .map(|(first, data, durable)| {
+            .map(|(first, data, durable, class)| {
                 let pool = Arc::clone(&pool);
-                std::thread::spawn(move || pool.write(first * DATA_BLOCK_BYTES, &data, durable))
+                std::thread::spawn(move || {
+                    pool.write_as(first * DATA_BLOCK_BYTES, &data, durable, class)
+                })
             })
             .collect();
         let flushed = with_flush.then(|| pool.flush_all());
@@ -597,7 +615,7 @@ impl Run {
             self.reference.flush();
             self.history.push("flush beside the writes below".into());
         }
-        for ((first, data, durable), result) in writes.iter().zip(results) {
+        for ((first, data, durable, _), result) in writes.iter().zip(results) {
             let count = data.len() / BLOCK;
             self.history
                 .push(format!("concurrent write {first}+{count} fua={durable}"));
