@@ -14,8 +14,8 @@
 //! Beside the data path: `admin/` serves the running server's pools over
 //! HTTP, `cli/` is the command line, `sim/` runs the same queues and device
 //! models in virtual time, and `bench/` drives workloads at them or at a
-//! real NBD server. `metrics`, `stats`, `workload`, `rng`, `units` and
-//! `range_lock` are leaves any layer may use.
+//! real NBD server. `metrics`, `stats`, `workload`, `rng`, `units`,
+//! `spin_slots` and `range_lock` are leaves any layer may use.
 //!
 //! The NBD wire protocol lives in the `weir-nbd` crate and stops at `server`.
 
@@ -33,6 +33,7 @@ pub mod rng;
 pub mod sched;
 pub mod server;
 pub mod sim;
+pub mod spin_slots;
 pub mod stats;
 pub mod units;
 pub mod volume;

@@ -218,7 +218,10 @@ impl SocketReader<'_> {
     /// `recv` without sleeping for the spin window, then a blocking read.
     fn read_polling(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let window = self.spin.window();
-        if !window.is_zero() {
+        let slot = (!window.is_zero())
+            .then(crate::spin_slots::try_take)
+            .flatten();
+        if slot.is_some() {
             let deadline = Instant::now() + window;
             // A call from another thread ends the spin: replies wait.
             while !self.outbox.reader_called() {
@@ -245,6 +248,7 @@ impl SocketReader<'_> {
                 std::hint::spin_loop();
             }
         }
+        drop(slot);
         self.read_blocking(buf)
     }
 

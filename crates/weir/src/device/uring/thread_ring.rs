@@ -339,7 +339,8 @@ fn wait(state: &RefCell<State>, readable: Option<RawFd>, deadline: Option<Instan
 }
 
 /// Submit what is queued, then watch the ring's shared memory (no system
-/// calls) until a completion is pending or `window` has passed. With
+/// calls) until a completion is pending or `window` has passed, if a
+/// polling slot is free (`spin_slots`). With
 /// `DEFER_TASKRUN` a finished op is only flagged (`TASKRUN_FLAG`) until the
 /// next `io_uring_enter` posts it, so the flag counts as pending too.
 fn spin_until_pending(state: &RefCell<State>, readable: Option<RawFd>, window: Duration) {
@@ -352,6 +353,9 @@ fn spin_until_pending(state: &RefCell<State>, readable: Option<RawFd>, window: D
     if !state.ring.submission().is_empty() {
         enter(&state.ring, 0);
     }
+    let Some(_slot) = crate::spin_slots::try_take() else {
+        return;
+    };
     let deadline = Instant::now() + window;
     while !state.ring.submission().taskrun()
         && state.ring.completion().is_empty()
