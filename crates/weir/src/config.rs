@@ -12,6 +12,7 @@
 //! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
+//! readahead = "off"              # on | off, for every volume
 //!
 //! [[export]]
 //! name = "disk"
@@ -19,10 +20,12 @@
 //! readonly = false
 //! description = "scratch disk"
 //! cache = "writethrough"         # this export only
+//! readahead = "off"              # this export only
 //!
 //! [[volume]]
 //! name = "tank/db"               # a pool volume
 //! cache = "writethrough"
+//! readahead = "off"
 //! ```
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -33,6 +36,7 @@ use serde::Deserialize;
 
 use crate::cache::CacheMode;
 use crate::device::{DeviceSpec, IoEngine};
+use crate::readahead::ReadaheadMode;
 use crate::units::parse_bytes;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -62,6 +66,7 @@ pub struct FileConfig {
     pub shutdown_grace_seconds: Option<u64>,
     pub cache: Option<CacheMode>,
     pub cache_dirty_max: Option<Size>,
+    pub readahead: Option<ReadaheadMode>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
     #[serde(default, rename = "volume")]
@@ -74,6 +79,7 @@ pub struct FileConfig {
 pub struct VolumeConfig {
     pub name: String,
     pub cache: Option<CacheMode>,
+    pub readahead: Option<ReadaheadMode>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +106,7 @@ pub struct ExportConfig {
     #[serde(default)]
     pub description: Option<String>,
     pub cache: Option<CacheMode>,
+    pub readahead: Option<ReadaheadMode>,
 }
 
 /// Flags from the command line; each mirrors a config key.
@@ -114,7 +121,7 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
+    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
     #[arg(short, long, value_name = "NAME=SPEC[,OPTION...]")]
     pub export: Vec<String>,
     /// Where the embedded default volume lives [default: ./weir-data].
@@ -138,12 +145,15 @@ pub struct ServeArgs {
     /// Answer writes from memory until FLUSH or FUA (writeback), or once the devices have them (writethrough), for every volume [default: writeback].
     #[arg(long, value_enum, value_name = "MODE")]
     pub cache: Option<CacheMode>,
-    /// Settings of one pool volume: POOL/VOLUME,cache=MODE (repeatable).
+    /// Settings of one pool volume: POOL/VOLUME[,cache=MODE][,readahead=on|off] (repeatable).
     #[arg(long, value_name = "POOL/VOLUME,OPTION...")]
     pub volume: Vec<String>,
     /// Dirty memory all write-back caches may hold together, e.g. 512M [default: about 1 s of the devices' measured write-back rate, at most 1/8 of RAM].
     #[arg(long, value_name = "SIZE")]
     pub cache_dirty_max: Option<String>,
+    /// Read ahead for sequential streams, recognised per volume across connections, for every volume [default: off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub readahead: Option<ReadaheadMode>,
 }
 
 /// One export, resolved.
@@ -155,6 +165,8 @@ pub struct ExportSpec {
     pub description: String,
     /// None: the server's default.
     pub cache: Option<CacheMode>,
+    /// None: the server's default.
+    pub readahead: Option<ReadaheadMode>,
 }
 
 /// Everything `weir serve` needs, validated.
@@ -173,8 +185,10 @@ pub struct ServeConfig {
     pub exports: Vec<ExportSpec>,
     /// The cache mode of volumes that name none.
     pub cache: CacheMode,
-    /// Pool volumes' own cache modes, by export name.
-    pub volume_cache: Vec<(String, CacheMode)>,
+    /// Pool volumes' own settings, by export name.
+    pub volume_settings: Vec<VolumeSettings>,
+    /// The readahead mode of volumes that name none.
+    pub readahead: ReadaheadMode,
     /// None: sized from measurement.
     pub cache_dirty_max_bytes: Option<u64>,
 }
@@ -237,7 +251,7 @@ impl ServeConfig {
                 .or(file.shutdown_grace_seconds)
                 .unwrap_or(DEFAULT_SHUTDOWN_GRACE_SECONDS),
         );
-        let volume_cache = if !args.volume.is_empty() {
+        let volume_settings = if !args.volume.is_empty() {
             args.volume
                 .iter()
                 .map(|text| parse_volume_flag(text))
@@ -245,7 +259,11 @@ impl ServeConfig {
         } else {
             file.volumes
                 .iter()
-                .map(|v| (v.name.clone(), v.cache.unwrap_or_default()))
+                .map(|v| VolumeSettings {
+                    name: v.name.clone(),
+                    cache: v.cache,
+                    readahead: v.readahead,
+                })
                 .collect()
         };
         let cache_dirty_max_bytes = match (&args.cache_dirty_max, file.cache_dirty_max) {
@@ -259,7 +277,8 @@ impl ServeConfig {
         }
         Ok(ServeConfig {
             cache: args.cache.or(file.cache).unwrap_or_default(),
-            volume_cache,
+            readahead: args.readahead.or(file.readahead).unwrap_or_default(),
+            volume_settings,
             cache_dirty_max_bytes,
             admin,
             shutdown_grace,
@@ -299,6 +318,7 @@ impl ServeConfig {
             read_only: false,
             description: "weir embedded default volume".into(),
             cache: None,
+            readahead: None,
         })
     }
 
@@ -308,13 +328,38 @@ impl ServeConfig {
             .iter()
             .find(|e| e.name == name)
             .and_then(|e| e.cache)
-            .or_else(|| {
-                self.volume_cache
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, mode)| *mode)
-            })
+            .or_else(|| self.volume(name).and_then(|v| v.cache))
             .unwrap_or(self.cache)
+    }
+
+    /// The readahead mode of the export or pool volume `name`.
+    pub fn readahead_of(&self, name: &str) -> ReadaheadMode {
+        self.exports
+            .iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.readahead)
+            .or_else(|| self.volume(name).and_then(|v| v.readahead))
+            .unwrap_or(self.readahead)
+    }
+
+    fn volume(&self, name: &str) -> Option<&VolumeSettings> {
+        self.volume_settings.iter().find(|v| v.name == name)
+    }
+}
+
+/// One pool volume's own settings; None: the server's default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeSettings {
+    pub name: String,
+    pub cache: Option<CacheMode>,
+    pub readahead: Option<ReadaheadMode>,
+}
+
+fn parse_readahead_mode(text: &str) -> anyhow::Result<ReadaheadMode> {
+    match text {
+        "on" => Ok(ReadaheadMode::On),
+        "off" => Ok(ReadaheadMode::Off),
+        other => bail!("unknown readahead mode {other:?} (known: on, off)"),
     }
 }
 
@@ -326,24 +371,39 @@ fn parse_cache_mode(text: &str) -> anyhow::Result<CacheMode> {
     }
 }
 
-/// `POOL/VOLUME,cache=MODE`
-fn parse_volume_flag(text: &str) -> anyhow::Result<(String, CacheMode)> {
+/// `POOL/VOLUME[,cache=MODE][,readahead=MODE]`
+fn parse_volume_flag(text: &str) -> anyhow::Result<VolumeSettings> {
+    const WANT: &str = "want POOL/VOLUME[,cache=MODE][,readahead=on|off]";
     let mut parts = text.split(',');
     let name = parts.next().unwrap_or_default();
     if !name.contains('/') {
-        bail!("--volume {text:?}: want POOL/VOLUME,cache=MODE");
+        bail!("--volume {text:?}: {WANT}");
     }
-    let mut mode = None;
+    let mut settings = VolumeSettings {
+        name: name.to_string(),
+        cache: None,
+        readahead: None,
+    };
     for option in parts {
         match option.split_once('=') {
             Some(("cache", value)) => {
-                mode = Some(parse_cache_mode(value).with_context(|| format!("--volume {text:?}"))?)
+                settings.cache =
+                    Some(parse_cache_mode(value).with_context(|| format!("--volume {text:?}"))?)
             }
-            _ => bail!("--volume {text:?}: unknown option {option:?} (known: cache=MODE)"),
+            Some(("readahead", value)) => {
+                settings.readahead = Some(
+                    parse_readahead_mode(value).with_context(|| format!("--volume {text:?}"))?,
+                )
+            }
+            _ => bail!(
+                "--volume {text:?}: unknown option {option:?} (known: cache=MODE, readahead=on|off)"
+            ),
         }
     }
-    let mode = mode.with_context(|| format!("--volume {text:?}: no setting given (cache=MODE)"))?;
-    Ok((name.to_string(), mode))
+    if settings.cache.is_none() && settings.readahead.is_none() {
+        bail!("--volume {text:?}: no setting given ({WANT})");
+    }
+    Ok(settings)
 }
 
 fn load(path: &Path) -> anyhow::Result<FileConfig> {
@@ -376,14 +436,16 @@ fn check_name(name: &str) -> anyhow::Result<()> {
 }
 
 fn is_export_option(option: &str) -> bool {
-    matches!(option, "readonly" | "ro") || option.starts_with("cache=")
+    matches!(option, "readonly" | "ro")
+        || option.starts_with("cache=")
+        || option.starts_with("readahead=")
 }
 
-/// `NAME=SPEC[,readonly][,cache=MODE]`
+/// `NAME=SPEC[,readonly][,cache=MODE][,readahead=MODE]`
 pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
-    let (name, rest) = text
-        .split_once('=')
-        .with_context(|| format!("--export {text:?}: want NAME=SPEC[,readonly][,cache=MODE]"))?;
+    let (name, rest) = text.split_once('=').with_context(|| {
+        format!("--export {text:?}: want NAME=SPEC[,readonly][,cache=MODE][,readahead=MODE]")
+    })?;
     check_name(name)?;
     // A model spec has commas of its own; export options come last.
     let (device_text, options) = if rest.starts_with("model:") {
@@ -406,14 +468,19 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         DeviceSpec::parse(device_text).map_err(|e| anyhow::anyhow!("--export {text:?}: {e}"))?;
     let mut read_only = false;
     let mut cache = None;
+    let mut readahead = None;
     for option in options {
         match option.split_once('=') {
             None if matches!(option, "readonly" | "ro") => read_only = true,
             Some(("cache", mode)) => {
                 cache = Some(parse_cache_mode(mode).with_context(|| format!("--export {text:?}"))?)
             }
+            Some(("readahead", mode)) => {
+                readahead =
+                    Some(parse_readahead_mode(mode).with_context(|| format!("--export {text:?}"))?)
+            }
             _ => {
-                bail!("--export {text:?}: unknown option {option:?} (known: readonly, cache=MODE)")
+                bail!("--export {text:?}: unknown option {option:?} (known: readonly, cache=MODE, readahead=on|off)")
             }
         }
     }
@@ -423,6 +490,7 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         device,
         read_only,
         cache,
+        readahead,
     })
 }
 
@@ -436,6 +504,7 @@ fn export_from_config(export: &ExportConfig) -> anyhow::Result<ExportSpec> {
         read_only: export.readonly,
         description: export.description.clone().unwrap_or_default(),
         cache: export.cache,
+        readahead: export.readahead,
     })
 }
 
@@ -512,8 +581,30 @@ mod tests {
                 read_only: true,
                 description: "A".into(),
                 cache: None,
+                readahead: None,
             }]
         );
+    }
+
+    #[test]
+    fn readahead_is_set_per_server_export_and_volume() {
+        let spec = parse_export_flag("a=model:hdd,size=1G,readahead=on").unwrap();
+        assert_eq!(spec.readahead, Some(ReadaheadMode::On));
+        assert!(parse_export_flag("a=/tmp/x,readahead=maybe").is_err());
+        let volume = parse_volume_flag("tank/db,readahead=on").unwrap();
+        assert_eq!(volume.readahead, Some(ReadaheadMode::On));
+        assert_eq!(volume.cache, None);
+        assert!(parse_volume_flag("tank/db,readahead=1").is_err());
+        let args = ServeArgs {
+            export: vec!["a=mem:1M,readahead=on".into(), "b=mem:1M".into()],
+            volume: vec!["tank/db,readahead=on".into()],
+            ..Default::default()
+        };
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.readahead_of("a"), ReadaheadMode::On);
+        assert_eq!(config.readahead_of("b"), ReadaheadMode::Off, "the default");
+        assert_eq!(config.readahead_of("tank/db"), ReadaheadMode::On);
+        assert_eq!(config.cache_of("tank/db"), CacheMode::Writeback);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod join;
 pub mod metrics;
 pub mod pool;
 pub mod range_lock;
+pub mod readahead;
 pub mod rng;
 pub mod sched;
 pub mod server;

@@ -14,6 +14,7 @@ use weir::config::{ServeArgs, ServeConfig};
 use weir::device;
 use weir::pool::service::PoolService;
 use weir::pool::{SingleDevice, Store};
+use weir::readahead::{ReadaheadBudget, ReadaheadMode, ReadaheadStore};
 use weir::sched::{DeviceQueue, Mode};
 use weir::server::{self, Export, Exports, Listeners};
 use weir::volume::Volume;
@@ -100,19 +101,31 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         caches.push((name.to_string(), Arc::clone(&cache)));
         cache
     };
+    // Readahead sits above the cache: what it holds was read through the
+    // cache, and a write drops it before the cache takes the write.
+    let readahead_budget = ReadaheadBudget::new(None);
+    let read_ahead = |name: &str, store: Arc<dyn Store>| -> Arc<dyn Store> {
+        match config.readahead_of(name) {
+            ReadaheadMode::On => ReadaheadStore::new(store, &readahead_budget),
+            ReadaheadMode::Off => store,
+        }
+    };
     let mut exports = Vec::with_capacity(specs.len() + pool_volumes.len());
     for spec in &specs {
         let device = device::open(&spec.device, spec.read_only, config.io_engine)
             .with_context(|| format!("cannot open export {:?}", spec.name))?;
-        // Write-back is background I/O: the adaptive queue keeps it from
-        // raising client reads' latency. Without it, nothing needs a mode.
-        let mode = if !spec.read_only && config.cache_of(&spec.name) == CacheMode::Writeback {
+        // Write-back and readahead are background I/O: the adaptive queue
+        // keeps them from raising client reads' latency. Without either,
+        // nothing needs a mode.
+        let write_back = !spec.read_only && config.cache_of(&spec.name) == CacheMode::Writeback;
+        let mode = if write_back || config.readahead_of(&spec.name) == ReadaheadMode::On {
             Mode::Adaptive
         } else {
             Mode::Fifo
         };
         let store = Arc::new(SingleDevice::new(DeviceQueue::with_mode(device, mode)));
-        let volume = Volume::new(cached(&spec.name, store, spec.read_only), spec.read_only);
+        let store = cached(&spec.name, store, spec.read_only);
+        let volume = Volume::new(read_ahead(&spec.name, store), spec.read_only);
         exports.push(export(
             &spec.name,
             &spec.description,
@@ -121,7 +134,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ));
     }
     for (name, store) in pool_volumes {
-        let volume = Volume::new(cached(&name, store, false), false);
+        let store = cached(&name, store, false);
+        let volume = Volume::new(read_ahead(&name, store), false);
         exports.push(export(&name, "", volume, false));
     }
     for (name, cache) in &caches {

@@ -141,7 +141,8 @@ pub fn pause_for(used: u64, limit: u64, bytes: u64, rate: f64) -> Duration {
     Duration::from_secs_f64(seconds).min(PAUSE_MAX)
 }
 
-fn ram_bytes() -> u64 {
+/// The machine's memory in bytes.
+pub fn ram_bytes() -> u64 {
     // SAFETY: sysconf has no memory effects.
     let (pages, page) = unsafe {
         (

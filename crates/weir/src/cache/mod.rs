@@ -27,7 +27,7 @@ mod flusher;
 mod pauses;
 mod store;
 
-pub use budget::{Charge, DirtyBudget};
+pub use budget::{ram_bytes, Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};
 pub use pauses::LocalPauses;
 pub use store::{writeback_bytes_max, CachedStore, RUN_BYTES_MAX, WRITEBACK_RUNS_MAX};

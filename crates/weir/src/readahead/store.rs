@@ -1,0 +1,460 @@
+//! A store with readahead in front: client reads are answered from data
+//! read ahead when it holds them, and streams' next windows are read in
+//! the async-read class, which the device queue serves below client reads.
+//!
+//! Never wrong bytes: a write, TRIM or WRITE_ZEROES drops the read-ahead
+//! data it overlaps before it goes down, and a read-ahead whose time in
+//! flight overlapped such a write in any way is thrown away when it lands
+//! (it may hold the bytes from before). Reads waiting on it then go to the
+//! store themselves.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use super::streams::{Plan, Streams, FIRST_WINDOW_REQUESTS};
+use super::ReadaheadBudget;
+use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
+use crate::pool::{Store, StoreInfo};
+use crate::sched::IoClass;
+
+/// One stream holds at most this share of the server's read-ahead memory.
+const STREAM_BUDGET_SHARE: u64 = 8;
+
+/// Read-ahead counts for reports.
+#[derive(Debug, Default)]
+pub struct ReadaheadCounters {
+    /// Client reads answered from read-ahead data (or from a read-ahead
+    /// still in flight).
+    pub hits: AtomicU64,
+    /// Client reads that went to the store.
+    pub misses: AtomicU64,
+    /// Bytes read ahead.
+    pub read_ahead_bytes: AtomicU64,
+    /// Bytes read ahead and dropped unread (evicted or overwritten).
+    pub wasted_bytes: AtomicU64,
+}
+
+struct Segment {
+    end: u64,
+    buf: AlignedBuf,
+    stream: u64,
+    read: bool,
+    last_use: u64,
+}
+
+struct Waiting {
+    offset: u64,
+    buf: AlignedBuf,
+    done: Completion,
+}
+
+struct Fetch {
+    start: u64,
+    end: u64,
+    stream: u64,
+    /// A write overlapped it while in flight: its bytes may be older.
+    stale: bool,
+    waiting: Vec<Waiting>,
+}
+
+struct WriteInFlight {
+    start: u64,
+    end: u64,
+}
+
+#[derive(Default)]
+struct State {
+    streams: Streams,
+    segments: BTreeMap<u64, Segment>,
+    fetches: BTreeMap<u64, Fetch>,
+    writes: BTreeMap<u64, WriteInFlight>,
+    next_id: u64,
+    clock: u64,
+}
+
+fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+impl State {
+    fn window_max(&self, budget: &ReadaheadBudget) -> u64 {
+        budget.limit_bytes() / STREAM_BUDGET_SHARE
+    }
+
+    /// Copy `[offset, offset + buf.len())` from held segments if they
+    /// cover all of it.
+    fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        let mut pieces = Vec::new();
+        for (&start, segment) in self.segments.range(..end).rev() {
+            if segment.end <= offset {
+                break;
+            }
+            pieces.push(start);
+        }
+        pieces.reverse();
+        for &start in &pieces {
+            if start > at {
+                return false;
+            }
+            at = at.max(self.segments[&start].end);
+        }
+        if at < end {
+            return false;
+        }
+        self.clock += 1;
+        let out = buf.as_mut_slice();
+        for start in pieces {
+            let segment = self.segments.get_mut(&start).expect("listed above");
+            let from = offset.max(start);
+            let to = end.min(segment.end);
+            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
+                &segment.buf.as_slice()[(from - start) as usize..(to - start) as usize],
+            );
+            segment.read = true;
+            segment.last_use = self.clock;
+        }
+        true
+    }
+
+    /// Drop the segments overlapping `[start, end)`; mark fetches in
+    /// flight there stale. Returns the bytes dropped unread.
+    fn invalidate(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
+        let doomed: Vec<u64> = self
+            .segments
+            .range(..end)
+            .filter(|(s, seg)| overlaps((**s, seg.end), (start, end)))
+            .map(|(s, _)| *s)
+            .collect();
+        let mut wasted = 0;
+        for s in doomed {
+            let segment = self.segments.remove(&s).expect("listed above");
+            budget.release(segment.end - s);
+            if !segment.read {
+                wasted += segment.end - s;
+            }
+        }
+        for fetch in self.fetches.values_mut() {
+            if overlaps((fetch.start, fetch.end), (start, end)) {
+                fetch.stale = true;
+            }
+        }
+        wasted
+    }
+
+    fn write_in_flight_over(&self, start: u64, end: u64) -> bool {
+        self.writes
+            .values()
+            .any(|w| overlaps((w.start, w.end), (start, end)))
+    }
+
+    /// Make room for `bytes` under the budget, this volume's least
+    /// recently used first. Returns false if it cannot.
+    fn make_room(&mut self, bytes: u64, budget: &ReadaheadBudget, wasted: &mut u64) -> bool {
+        while budget.held_bytes() + bytes > budget.limit_bytes() {
+            let Some((&start, _)) = self.segments.iter().min_by_key(|(_, s)| s.last_use) else {
+                return false;
+            };
+            let segment = self.segments.remove(&start).expect("found above");
+            budget.release(segment.end - start);
+            if !segment.read {
+                *wasted += segment.end - start;
+                self.streams.wasted(segment.stream);
+            }
+        }
+        true
+    }
+}
+
+pub struct ReadaheadStore {
+    inner: Arc<dyn Store>,
+    state: Mutex<State>,
+    budget: Arc<ReadaheadBudget>,
+    counters: ReadaheadCounters,
+    epoch: Instant,
+    me: Weak<ReadaheadStore>,
+}
+
+impl ReadaheadStore {
+    pub fn new(inner: Arc<dyn Store>, budget: &Arc<ReadaheadBudget>) -> Arc<ReadaheadStore> {
+        Arc::new_cyclic(|me| ReadaheadStore {
+            inner,
+            state: Mutex::new(State::default()),
+            budget: Arc::clone(budget),
+            counters: ReadaheadCounters::default(),
+            epoch: Instant::now(),
+            me: me.clone(),
+        })
+    }
+
+    pub fn counters(&self) -> &ReadaheadCounters {
+        &self.counters
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("readahead state lock")
+    }
+
+    fn client_read(&self, offset: u64, mut buf: AlignedBuf, client: Completion) {
+        let length = buf.len() as u64;
+        let info = self.inner.info();
+        let (pieces, answered, done) = {
+            let mut state = self.state();
+            let window_max = state.window_max(&self.budget);
+            let now_ns = self.epoch.elapsed().as_nanos() as u64;
+            let (stream, plan) = state.streams.on_read(
+                offset,
+                length,
+                window_max,
+                u64::from(info.block_bytes),
+                info.size_bytes,
+                now_ns,
+            );
+            let me = self.me.upgrade().expect("a store reads while it lives");
+            let done: Completion = Box::new(move |outcome| {
+                me.state().streams.answered(stream);
+                client(outcome);
+            });
+            let pieces = plan.map_or_else(Vec::new, |plan| {
+                self.register(&mut state, plan, length.max(u64::from(info.block_bytes)))
+            });
+            let end = offset + length;
+            let answered = if state.take_from_segments(offset, &mut buf) {
+                Ok(buf)
+            } else if let Some(fetch) = state
+                .fetches
+                .values_mut()
+                .find(|f| !f.stale && f.start <= offset && end <= f.end)
+            {
+                fetch.waiting.push(Waiting { offset, buf, done });
+                drop(state);
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                for piece in pieces {
+                    self.fetch(piece);
+                }
+                return;
+            } else {
+                Err(buf)
+            };
+            (pieces, answered, done)
+        };
+        match answered {
+            Ok(buf) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                done(Outcome {
+                    result: Ok(()),
+                    buf: Some(buf),
+                    hole: false,
+                });
+            }
+            Err(buf) => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .submit(IoClass::SyncRead, DeviceOp::Read { offset, buf }, done);
+            }
+        }
+        for piece in pieces {
+            self.fetch(piece);
+        }
+    }
+
+    /// Note a planned read-ahead as in flight, in pieces of
+    /// `FIRST_WINDOW_REQUESTS` client requests of `request` bytes: they go
+    /// to the device together, so a drive that overlaps reads serves them
+    /// at once, a disk serves them back to back in block order, and a
+    /// client read waits only for the piece that holds it. Returns each
+    /// piece's id and range.
+    fn register(&self, state: &mut State, plan: Plan, request: u64) -> Vec<(u64, Plan)> {
+        let piece_bytes = request * FIRST_WINDOW_REQUESTS;
+        let mut pieces = Vec::new();
+        let mut start = plan.start;
+        while start < plan.end {
+            let end = (start + piece_bytes).min(plan.end);
+            state.next_id += 1;
+            let id = state.next_id;
+            let stale = state.write_in_flight_over(start, end);
+            state.fetches.insert(
+                id,
+                Fetch {
+                    start,
+                    end,
+                    stream: plan.stream,
+                    stale,
+                    waiting: Vec::new(),
+                },
+            );
+            // The reader waits for the first piece of an urgent plan: it
+            // goes as a client read, the rest as read-ahead.
+            let urgent = plan.urgent && start == plan.start;
+            pieces.push((
+                id,
+                Plan {
+                    start,
+                    end,
+                    urgent,
+                    ..plan
+                },
+            ));
+            start = end;
+        }
+        pieces
+    }
+
+    fn fetch(&self, (id, plan): (u64, Plan)) {
+        let length = plan.end - plan.start;
+        self.counters
+            .read_ahead_bytes
+            .fetch_add(length, Ordering::Relaxed);
+        let me = self
+            .me
+            .upgrade()
+            .expect("a store reads ahead while it lives");
+        let class = if plan.urgent {
+            IoClass::SyncRead
+        } else {
+            IoClass::AsyncRead
+        };
+        self.inner.submit(
+            class,
+            DeviceOp::Read {
+                offset: plan.start,
+                buf: AlignedBuf::new(length as usize),
+            },
+            Box::new(move |outcome| me.fetched(id, outcome)),
+        );
+    }
+
+    fn fetched(&self, id: u64, outcome: Outcome) {
+        let mut state = self.state();
+        let fetch = state.fetches.remove(&id).expect("a fetch lands once");
+        let length = fetch.end - fetch.start;
+        let stale = fetch.stale || state.write_in_flight_over(fetch.start, fetch.end);
+        let data = match (outcome.result, outcome.buf) {
+            (Ok(()), Some(mut buf)) if !stale => {
+                if outcome.hole {
+                    buf.as_mut_slice().fill(0);
+                }
+                Some(buf)
+            }
+            _ => None,
+        };
+        let Some(data) = data else {
+            drop(state);
+            self.counters
+                .wasted_bytes
+                .fetch_add(length, Ordering::Relaxed);
+            for w in fetch.waiting {
+                self.inner.submit(
+                    IoClass::SyncRead,
+                    DeviceOp::Read {
+                        offset: w.offset,
+                        buf: w.buf,
+                    },
+                    w.done,
+                );
+            }
+            return;
+        };
+        let mut answers = Vec::with_capacity(fetch.waiting.len());
+        for mut w in fetch.waiting {
+            let from = (w.offset - fetch.start) as usize;
+            let len = w.buf.len();
+            w.buf
+                .as_mut_slice()
+                .copy_from_slice(&data.as_slice()[from..from + len]);
+            answers.push(w);
+        }
+        let mut wasted = 0;
+        let read = !answers.is_empty();
+        if state.make_room(length, &self.budget, &mut wasted) {
+            state.clock += 1;
+            let last_use = state.clock;
+            self.budget.hold(length);
+            state.segments.insert(
+                fetch.start,
+                Segment {
+                    end: fetch.end,
+                    buf: data,
+                    stream: fetch.stream,
+                    read,
+                    last_use,
+                },
+            );
+        } else if !read {
+            wasted += length;
+        }
+        drop(state);
+        self.counters
+            .wasted_bytes
+            .fetch_add(wasted, Ordering::Relaxed);
+        for w in answers {
+            (w.done)(Outcome {
+                result: Ok(()),
+                buf: Some(w.buf),
+                hole: false,
+            });
+        }
+    }
+
+    fn changing(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        let (start, length) = op.range();
+        let end = start + length;
+        let id = {
+            let mut state = self.state();
+            let wasted = state.invalidate(start, end, &self.budget);
+            self.counters
+                .wasted_bytes
+                .fetch_add(wasted, Ordering::Relaxed);
+            state.next_id += 1;
+            let id = state.next_id;
+            state.writes.insert(id, WriteInFlight { start, end });
+            id
+        };
+        let me = self.me.upgrade().expect("a store writes while it lives");
+        self.inner.submit(
+            class,
+            op,
+            Box::new(move |outcome| {
+                me.state().writes.remove(&id);
+                done(outcome);
+            }),
+        );
+    }
+}
+
+impl Drop for ReadaheadStore {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().expect("readahead state lock");
+        let held: u64 = state.segments.iter().map(|(s, seg)| seg.end - s).sum();
+        self.budget.release(held);
+    }
+}
+
+impl Store for ReadaheadStore {
+    fn info(&self) -> &StoreInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
+        match op {
+            DeviceOp::Read { offset, buf } if class == IoClass::SyncRead => {
+                self.client_read(offset, buf, done)
+            }
+            DeviceOp::Write { .. } | DeviceOp::Discard { .. } | DeviceOp::WriteZeroes { .. } => {
+                self.changing(class, op, done)
+            }
+            op => self.inner.submit(class, op, done),
+        }
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        self.inner.extents(offset, length, extents_max)
+    }
+}
+
+#[cfg(test)]
+mod tests;

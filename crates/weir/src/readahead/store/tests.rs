@@ -1,0 +1,210 @@
+//! Readahead over a store whose reads take their bytes when submitted and
+//! complete only when the test releases them: a read-ahead can land after
+//! a write that overtook it, which is the case that must never return
+//! old bytes.
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::rng::Rng;
+
+const SIZE: usize = 8 << 20;
+const BLOCK: u64 = 4096;
+
+struct HeldStore {
+    info: StoreInfo,
+    bytes: Mutex<Vec<u8>>,
+    held: Mutex<Vec<(Completion, Outcome)>>,
+    reads: AtomicU64,
+}
+
+impl HeldStore {
+    fn new() -> Arc<HeldStore> {
+        Arc::new(HeldStore {
+            info: StoreInfo {
+                size_bytes: SIZE as u64,
+                block_bytes: BLOCK as u32,
+                rotational: true,
+                description: "held".into(),
+            },
+            bytes: Mutex::new(vec![0; SIZE]),
+            held: Mutex::new(Vec::new()),
+            reads: AtomicU64::new(0),
+        })
+    }
+
+    /// Complete one held read, chosen by `rng`; false if none is held.
+    fn release_one(&self, rng: &mut Rng) -> bool {
+        let next = {
+            let mut held = self.held.lock().unwrap();
+            if held.is_empty() {
+                return false;
+            }
+            let i = rng.below(held.len() as u64) as usize;
+            held.swap_remove(i)
+        };
+        (next.0)(next.1);
+        true
+    }
+}
+
+impl Store for HeldStore {
+    fn info(&self) -> &StoreInfo {
+        &self.info
+    }
+
+    fn submit(&self, _class: IoClass, op: DeviceOp, done: Completion) {
+        match op {
+            DeviceOp::Read { offset, mut buf } => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                let at = offset as usize;
+                let len = buf.len();
+                buf.as_mut_slice()
+                    .copy_from_slice(&self.bytes.lock().unwrap()[at..at + len]);
+                let outcome = Outcome {
+                    result: Ok(()),
+                    buf: Some(buf),
+                    hole: false,
+                };
+                self.held.lock().unwrap().push((done, outcome));
+            }
+            DeviceOp::Write { offset, buf, .. } => {
+                let at = offset as usize;
+                self.bytes.lock().unwrap()[at..at + buf.len()].copy_from_slice(buf.as_slice());
+                done(Outcome::done(Ok(())));
+            }
+            DeviceOp::Discard { offset, length } | DeviceOp::WriteZeroes { offset, length, .. } => {
+                let (at, len) = (offset as usize, length as usize);
+                self.bytes.lock().unwrap()[at..at + len].fill(0);
+                done(Outcome::done(Ok(())));
+            }
+            DeviceOp::Flush => done(Outcome::done(Ok(()))),
+        }
+    }
+
+    fn extents(&self, _offset: u64, length: u64, _max: usize) -> io::Result<Vec<Extent>> {
+        Ok(vec![Extent {
+            length,
+            hole: false,
+        }])
+    }
+}
+
+/// Read through `store`, releasing held reads in random order until the
+/// read is answered.
+fn read(store: &ReadaheadStore, held: &HeldStore, rng: &mut Rng, offset: u64, len: u64) -> Vec<u8> {
+    let slot = Arc::new(Mutex::new(None));
+    let answer = Arc::clone(&slot);
+    store.submit(
+        IoClass::SyncRead,
+        DeviceOp::Read {
+            offset,
+            buf: AlignedBuf::new(len as usize),
+        },
+        Box::new(move |outcome| {
+            outcome.result.expect("read");
+            *answer.lock().unwrap() = Some(outcome.buf.expect("data").as_slice().to_vec());
+        }),
+    );
+    loop {
+        if let Some(bytes) = slot.lock().unwrap().take() {
+            return bytes;
+        }
+        assert!(held.release_one(rng), "a read that nothing will answer");
+    }
+}
+
+fn write(store: &ReadaheadStore, offset: u64, bytes: &[u8]) {
+    let mut buf = AlignedBuf::new(bytes.len());
+    buf.as_mut_slice().copy_from_slice(bytes);
+    let op = DeviceOp::Write {
+        offset,
+        buf,
+        durable: false,
+    };
+    store.submit(
+        IoClass::SyncWrite,
+        op,
+        Box::new(|o| o.result.expect("write")),
+    );
+}
+
+#[test]
+fn a_sequential_reader_is_answered_from_read_ahead() {
+    let held = HeldStore::new();
+    let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(64 << 20)));
+    let mut rng = Rng::new(1);
+    let pattern: Vec<u8> = (0..SIZE).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+    write(&store, 0, &pattern);
+    let length = 64 << 10;
+    for i in 0..100 {
+        let offset = i * length;
+        let got = read(&store, &held, &mut rng, offset, length);
+        assert_eq!(got, pattern[offset as usize..(offset + length) as usize]);
+    }
+    let counters = store.counters();
+    assert!(counters.hits.load(Ordering::Relaxed) >= 90, "{counters:?}");
+    assert!(
+        held.reads.load(Ordering::Relaxed) < 100,
+        "fewer, larger reads"
+    );
+}
+
+#[test]
+fn reads_never_return_bytes_older_than_an_answered_write() {
+    for seed in 0..200 {
+        let held = HeldStore::new();
+        let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(2 << 20)));
+        let mut rng = Rng::new(seed);
+        let mut reference = vec![0u8; SIZE];
+        let blocks = SIZE as u64 / BLOCK;
+        let mut cursor = 0u64;
+        for step in 0..300u64 {
+            match rng.below(10) {
+                0..=5 => {
+                    // A sequential reader (sometimes jumping), some random.
+                    let count = 1 + rng.below(16);
+                    if rng.below(8) == 0 || cursor + count > blocks {
+                        cursor = rng.below(blocks - count);
+                    }
+                    let (offset, len) = (cursor * BLOCK, count * BLOCK);
+                    cursor += count;
+                    let got = read(&store, &held, &mut rng, offset, len);
+                    let want = &reference[offset as usize..(offset + len) as usize];
+                    assert!(
+                        got == want,
+                        "seed {seed} step {step}: read {offset}+{len} returned old bytes"
+                    );
+                }
+                6..=8 => {
+                    let count = 1 + rng.below(32);
+                    let first = rng.below(blocks - count);
+                    let bytes: Vec<u8> = (0..count * BLOCK).map(|_| rng.below(256) as u8).collect();
+                    write(&store, first * BLOCK, &bytes);
+                    let at = (first * BLOCK) as usize;
+                    reference[at..at + bytes.len()].copy_from_slice(&bytes);
+                }
+                _ => {
+                    let count = 1 + rng.below(64);
+                    let first = rng.below(blocks - count);
+                    let op = DeviceOp::Discard {
+                        offset: first * BLOCK,
+                        length: count * BLOCK,
+                    };
+                    store.submit(IoClass::Trim, op, Box::new(|o| o.result.expect("trim")));
+                    let at = (first * BLOCK) as usize;
+                    reference[at..at + (count * BLOCK) as usize].fill(0);
+                }
+            }
+            // Read-ahead in flight lands now and then, late.
+            if rng.below(3) == 0 {
+                held.release_one(&mut rng);
+            }
+        }
+        while held.release_one(&mut rng) {}
+        assert!(
+            store.budget.held_bytes() <= 2 << 20,
+            "seed {seed}: over the budget"
+        );
+    }
+}

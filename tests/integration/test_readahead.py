@@ -1,0 +1,89 @@
+"""Readahead through the real weir binary and libnbd: a sequential reader
+spread over several connections is served from read-ahead (the pool's
+devices see async-read I/O), and writes, TRIM and WRITE_ZEROES just ahead
+of the reader are always read back, never the bytes read ahead before
+them."""
+
+import os
+import re
+import unittest
+import urllib.request
+
+import nbd
+
+from test_pool import MIB, PoolTest
+from weirtest import Weir
+
+REQUEST = 64 * 1024
+
+
+def async_reads(metrics):
+    return sum(int(float(v)) for v in re.findall(
+        r'^weir_device_ops_total\{[^}]*class="async-read"\} (\S+)$', metrics, re.M))
+
+
+class Readahead(PoolTest):
+    def serve(self, *args):
+        a, b = self.file("a.img", 256 * MIB), self.file("b.img", 256 * MIB)
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "64M")
+        w = Weir("--data-dir", self.data, *args).start()
+        self.addCleanup(w.stop)
+        return w
+
+    def connections(self, w, count):
+        handles = []
+        for _ in range(count):
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/disk"))
+            self.addCleanup(h.shutdown)
+            handles.append(h)
+        return handles
+
+    def metrics(self):
+        return urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+
+    def test_writes_ahead_of_a_reader_spread_over_connections_are_always_read_back(self):
+        w = self.serve("--readahead", "on")
+        readers = self.connections(w, 4)
+        writer = self.connections(w, 1)[0]
+        size = 64 * MIB
+        expected = bytearray(os.urandom(size))
+        for at in range(0, size, 4 * MIB):
+            writer.pwrite(bytes(expected[at:at + 4 * MIB]), at)
+        writer.flush()
+        before = async_reads(self.metrics())
+        change = 0
+        for i in range(size // REQUEST):
+            offset = i * REQUEST
+            # Every fourth request, change a range a little ahead of the
+            # reader (inside what it has read ahead), by turns with a
+            # write, a TRIM and a WRITE_ZEROES.
+            if i % 4 == 0 and offset + 3 * REQUEST + 8192 <= size:
+                at = offset + 2 * REQUEST + 4096 * (i % 7)
+                kind = change % 3
+                change += 1
+                if kind == 0:
+                    data = os.urandom(8192)
+                    writer.pwrite(data, at)
+                    expected[at:at + 8192] = data
+                elif kind == 1:
+                    writer.trim(8192, at)
+                    expected[at:at + 8192] = bytes(8192)
+                else:
+                    writer.zero(8192, at)
+                    expected[at:at + 8192] = bytes(8192)
+            got = readers[i % 4].pread(REQUEST, offset)
+            self.assertEqual(got, bytes(expected[offset:offset + REQUEST]), f"read at {offset}")
+        self.assertGreater(async_reads(self.metrics()) - before, 0, "the volume read ahead")
+
+    def test_without_readahead_the_devices_see_no_async_reads(self):
+        w = self.serve()
+        reader = self.connections(w, 1)[0]
+        for i in range(256):
+            reader.pread(REQUEST, i * REQUEST)
+        self.assertEqual(async_reads(self.metrics()), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
