@@ -77,12 +77,25 @@ class Readahead(PoolTest):
             self.assertEqual(got, bytes(expected[offset:offset + REQUEST]), f"read at {offset}")
         self.assertGreater(async_reads(self.metrics()) - before, 0, "the volume read ahead")
 
+    def test_a_reader_spread_over_connections_is_answered_from_read_ahead(self):
+        w = self.serve("--readahead", "on")
+        readers = self.connections(w, 4)
+        reads = 32 * MIB // REQUEST
+        for i in range(reads):
+            readers[i % 4].pread(REQUEST, i * REQUEST)
+        metrics = self.metrics()
+        hits = re.search(r'^weir_volume_readahead_hits_total\{volume="tank/disk"\} (\d+)$', metrics, re.M)
+        self.assertIsNotNone(hits, "readahead counters in /metrics")
+        self.assertGreater(int(hits.group(1)), reads * 9 // 10, "nearly every read answered from read-ahead")
+
     def test_without_readahead_the_devices_see_no_async_reads(self):
         w = self.serve()
         reader = self.connections(w, 1)[0]
         for i in range(256):
             reader.pread(REQUEST, i * REQUEST)
-        self.assertEqual(async_reads(self.metrics()), 0)
+        metrics = self.metrics()
+        self.assertEqual(async_reads(metrics), 0)
+        self.assertNotIn("weir_volume_readahead_hits", metrics)
 
 
 if __name__ == "__main__":

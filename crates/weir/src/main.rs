@@ -104,9 +104,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     // Readahead sits above the cache: what it holds was read through the
     // cache, and a write drops it before the cache takes the write.
     let readahead_budget = ReadaheadBudget::new(None);
-    let read_ahead = |name: &str, store: Arc<dyn Store>| -> Arc<dyn Store> {
+    let mut readaheads: Vec<(String, Arc<ReadaheadStore>)> = Vec::new();
+    let mut read_ahead = |name: &str, store: Arc<dyn Store>| -> Arc<dyn Store> {
         match config.readahead_of(name) {
-            ReadaheadMode::On => ReadaheadStore::new(store, &readahead_budget),
+            ReadaheadMode::On => {
+                let readahead = ReadaheadStore::new(store, &readahead_budget);
+                readaheads.push((name.to_string(), Arc::clone(&readahead)));
+                readahead
+            }
             ReadaheadMode::Off => store,
         }
     };
@@ -138,6 +143,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         let volume = Volume::new(read_ahead(&name, store), false);
         exports.push(export(&name, "", volume, false));
     }
+    for (name, readahead) in &readaheads {
+        service.add_readahead(
+            name,
+            Arc::clone(readahead) as Arc<dyn weir::metrics::ReadaheadReport>,
+        );
+    }
     for (name, cache) in &caches {
         service.add_cache(
             name,
@@ -156,6 +167,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     print_connect_hint(&listeners, &first_export);
     let served = server::serve(listeners, exports, &stop, config.shutdown_grace);
     // Every cached write goes to the devices before the pools close.
+    for (name, readahead) in &readaheads {
+        service.add_readahead(
+            name,
+            Arc::clone(readahead) as Arc<dyn weir::metrics::ReadaheadReport>,
+        );
+    }
     for (name, cache) in &caches {
         let dirty = cache.dirty_bytes();
         match cache.write_back_all() {

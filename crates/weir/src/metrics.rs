@@ -35,7 +35,21 @@ const FAMILIES: &[(&str, &str)] = &[
     ("weir_volume_failed", "1 once a write-back to the volume failed: every later write and FLUSH fails."),
     ("weir_cache_dirty_bytes", "Memory held by all write-back caches, write-back copies included."),
     ("weir_cache_dirty_limit_bytes", "The dirty-memory budget all write-back caches share."),
+    ("weir_volume_readahead_hits", "Client reads answered from read-ahead data, or from a read-ahead in flight."),
+    ("weir_volume_readahead_misses", "Client reads of a volume with readahead that went to its devices."),
+    ("weir_volume_readahead_bytes", "Bytes read ahead."),
+    ("weir_volume_readahead_wasted_bytes", "Bytes read ahead and dropped unread (evicted, overwritten, or landed after a write)."),
+    ("weir_readahead_held_bytes", "Read-ahead data held by all volumes."),
+    ("weir_readahead_limit_bytes", "The bound on read-ahead data all volumes share."),
 ];
+
+/// What a volume's readahead reports to metrics.
+pub trait ReadaheadReport: Send + Sync {
+    /// (hits, misses, bytes read ahead, bytes wasted).
+    fn counts(&self) -> (u64, u64, u64, u64);
+    /// Server-wide: (bytes held, bound).
+    fn held_bytes(&self) -> (u64, u64);
+}
 
 /// What a volume's write-back cache reports to status and metrics. The
 /// cache implements it; the pool service shows it beside its pools.

@@ -15,7 +15,7 @@ use super::members::read_labels;
 use super::mirror::select::ReadPolicy;
 use super::mirror::PoolData;
 use super::scrub::{self, Checkpoint, Scrub, ScrubState};
-use crate::metrics::{CacheReport, Sample};
+use crate::metrics::{CacheReport, ReadaheadReport, Sample};
 use crate::sched::Mode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,7 @@ pub struct PoolService {
     scrubs: Mutex<HashMap<String, Scrub>>,
     /// Write-back caches by export name (POOL/VOLUME for pool volumes).
     caches: Mutex<Vec<(String, Arc<dyn CacheReport>)>>,
+    readaheads: Mutex<Vec<(String, Arc<dyn ReadaheadReport>)>>,
 }
 
 impl PoolService {
@@ -55,6 +56,7 @@ impl PoolService {
             pools,
             scrubs: Mutex::new(HashMap::new()),
             caches: Mutex::new(Vec::new()),
+            readaheads: Mutex::new(Vec::new()),
         };
         for pool in service.pools.iter().filter(|_| resume_background) {
             pool.start_resilvers();
@@ -91,6 +93,11 @@ impl PoolService {
 
     pub fn pools(&self) -> &[Arc<PoolData>] {
         &self.pools
+    }
+
+    /// Show the readahead of export `name` in metrics.
+    pub fn add_readahead(&self, name: &str, readahead: Arc<dyn ReadaheadReport>) {
+        self.readaheads.lock().push((name.to_string(), readahead));
     }
 
     /// Show the write-back cache of export `name` in status and metrics.
@@ -303,6 +310,32 @@ impl PoolService {
             samples.push(Sample::gauge("weir_cache_dirty_bytes", vec![], used as f64));
             samples.push(Sample::gauge(
                 "weir_cache_dirty_limit_bytes",
+                vec![],
+                limit as f64,
+            ));
+        }
+        let readaheads = self.readaheads.lock();
+        for (name, readahead) in readaheads.iter() {
+            let labels = vec![("volume", name.clone())];
+            let (hits, misses, bytes, wasted) = readahead.counts();
+            for (family, value) in [
+                ("weir_volume_readahead_hits", hits),
+                ("weir_volume_readahead_misses", misses),
+                ("weir_volume_readahead_bytes", bytes),
+                ("weir_volume_readahead_wasted_bytes", wasted),
+            ] {
+                samples.push(Sample::counter(family, labels.clone(), value));
+            }
+        }
+        if let Some((_, readahead)) = readaheads.first() {
+            let (held, limit) = readahead.held_bytes();
+            samples.push(Sample::gauge(
+                "weir_readahead_held_bytes",
+                vec![],
+                held as f64,
+            ));
+            samples.push(Sample::gauge(
+                "weir_readahead_limit_bytes",
                 vec![],
                 limit as f64,
             ));

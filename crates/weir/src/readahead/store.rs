@@ -17,6 +17,7 @@ use std::time::Instant;
 use super::streams::{Plan, Streams, FIRST_WINDOW_REQUESTS};
 use super::ReadaheadBudget;
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
+use crate::metrics::ReadaheadReport;
 use crate::pool::{Store, StoreInfo};
 use crate::sched::IoClass;
 
@@ -423,6 +424,22 @@ impl ReadaheadStore {
                 done(outcome);
             }),
         );
+    }
+}
+
+impl ReadaheadReport for ReadaheadStore {
+    fn counts(&self) -> (u64, u64, u64, u64) {
+        let c = &self.counters;
+        (
+            c.hits.load(Ordering::Relaxed),
+            c.misses.load(Ordering::Relaxed),
+            c.read_ahead_bytes.load(Ordering::Relaxed),
+            c.wasted_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    fn held_bytes(&self) -> (u64, u64) {
+        (self.budget.held_bytes(), self.budget.limit_bytes())
     }
 }
 
