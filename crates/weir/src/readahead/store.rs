@@ -81,10 +81,6 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl State {
-    fn window_max(&self, budget: &ReadaheadBudget) -> u64 {
-        budget.limit_bytes() / STREAM_BUDGET_SHARE
-    }
-
     /// Copy `[offset, offset + buf.len())` from held segments if they
     /// cover all of it.
     fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
@@ -205,7 +201,7 @@ impl ReadaheadStore {
         let info = self.inner.info();
         let (pieces, answered, done) = {
             let mut state = self.state();
-            let window_max = state.window_max(&self.budget);
+            let window_max = self.budget.limit_bytes() / STREAM_BUDGET_SHARE;
             let now_ns = self.epoch.elapsed().as_nanos() as u64;
             let (stream, plan) = state.streams.on_read(
                 offset,
@@ -375,7 +371,7 @@ impl ReadaheadStore {
             state.clock += 1;
             let last_use = state.clock;
             self.budget.hold(length);
-            state.segments.insert(
+            let replaced = state.segments.insert(
                 fetch.start,
                 Segment {
                     end: fetch.end,
@@ -385,6 +381,10 @@ impl ReadaheadStore {
                     last_use,
                 },
             );
+            // Another stream read the same range ahead: the newer bytes stay.
+            if let Some(old) = replaced {
+                self.budget.release(old.end - fetch.start);
+            }
         } else if !read {
             wasted += length;
         }

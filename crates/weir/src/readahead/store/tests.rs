@@ -202,9 +202,12 @@ fn reads_never_return_bytes_older_than_an_answered_write() {
             }
         }
         while held.release_one(&mut rng) {}
+        let budget = Arc::clone(&store.budget);
         assert!(
-            store.budget.held_bytes() <= 2 << 20,
+            budget.held_bytes() <= 2 << 20,
             "seed {seed}: over the budget"
         );
+        drop(store);
+        assert_eq!(budget.held_bytes(), 0, "seed {seed}: memory held by no one");
     }
 }
