@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,writeback-matrix,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,readahead,writeback-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -162,6 +162,12 @@ FLUSH after each run, so that deferred work is paid for inside the figure.
 Then a 4 KiB random reader at QD1 runs alone and beside a 1 MiB sequential
 writer at QD8 on the same export: the reader's p99 beside the writer over its
 p99 alone, and the writer's throughput."""))
+    parts.append(section(os.path.join(RESULTS, "readahead.md"), "Readahead off and on",
+                         """One weir serves a 4 GiB HDD, SATA SSD or NVMe model in real time, once with
+`--readahead off` (the default) and once with `--readahead on`. fio's nbd
+engine runs random and sequential readers on it; a libnbd client runs two
+64 KiB QD1 sequential streams, each sending its requests round-robin over four
+connections. Single runs: the figures move by about 10% from run to run."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
@@ -213,7 +219,7 @@ def write(path, parts):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    everything = "peers,pool,pool-scaling,cache,writeback-matrix," + ",".join(SCENARIOS)
+    everything = "peers,pool,pool-scaling,cache,readahead,writeback-matrix," + ",".join(SCENARIOS)
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -236,6 +242,8 @@ def main():
                            "--out", "bench/results/pool-scaling-writethrough"]) != 0
         if "cache" in wanted:
             failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
+        if "readahead" in wanted:
+            failed += run(["bench/readahead.sh", "--out", "bench/results/readahead"]) != 0
         if "writeback-matrix" in wanted:
             failed += run(["bench/writeback_matrix.py"]) != 0
         for name in SCENARIOS:

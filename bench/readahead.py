@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""Readahead off against on, over a matrix of readers and device models.
+
+One weir serves a 4 GiB HDD, SATA SSD or NVMe model in real time, once
+with --readahead off and once with --readahead on. On each, fio's nbd
+engine runs random and sequential readers (4 KiB to 1 MiB, QD1 and QD8),
+and a libnbd client runs two 64 KiB QD1 sequential streams each spread
+round-robin over four connections (the case where a server's threads break
+a stream up). The table gives MB/s in both modes and their ratio.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import nbd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import WEIR, fio, wait_for_socket  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZE = 4 << 30
+MODELS = ["hdd", "ssd", "nvme"]
+JOBS = [  # name, rw, bs, iodepth
+    ("randread-4k-qd1", "randread", "4k", 1),
+    ("randread-4k-qd8", "randread", "4k", 8),
+    ("randread-64k-qd1", "randread", "64k", 1),
+    ("read-4k-qd1", "read", "4k", 1),
+    ("read-128k-qd1", "read", "128k", 1),
+    ("read-1m-qd8", "read", "1M", 8),
+]
+STREAMS, CONNECTIONS, STREAM_REQUEST = 2, 4, 64 << 10
+
+
+def streams_mb_s(uri, seconds):
+    """Two QD1 sequential streams, each request on the next of 4 connections."""
+    moved = [0] * STREAMS
+
+    def stream(k):
+        handles = []
+        for _ in range(CONNECTIONS):
+            h = nbd.NBD()
+            h.connect_uri(uri)
+            handles.append(h)
+        region = SIZE // STREAMS
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            handles[i % CONNECTIONS].pread(STREAM_REQUEST, k * region + (i * STREAM_REQUEST) % (region - STREAM_REQUEST))
+            i += 1
+        moved[k] = i * STREAM_REQUEST
+        for h in handles:
+            h.shutdown()
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(STREAMS)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(moved) / (time.monotonic() - start) / 1e6
+
+
+def run_model(model, mode, runtime, tmp):
+    sock = os.path.join(tmp, f"{model}-{mode}.sock")
+    cmd = [WEIR, "serve", "--listen", "none", "--socket", sock, "--admin", "none", "--log-level", "warn",
+           "--readahead", mode, "--export", f"v=model:{model},size={SIZE}"]
+    print("  " + shlex.join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_socket(sock, proc, timeout=60)
+        uri = f"nbd+unix:///v?socket={sock}"
+        out = {}
+        for name, rw, bs, depth in JOBS:
+            r = fio(["--ioengine=nbd", f"--uri={uri}", f"--rw={rw}", f"--bs={bs}", f"--iodepth={depth}",
+                     f"--size={SIZE}"], runtime)
+            out[name] = r["mb_s"]
+            print(f"    {model:5} {mode:3} {name:17} {r['mb_s']:8.1f} MB/s", flush=True)
+        out["streams-2x4conns-64k-qd1"] = streams_mb_s(uri, runtime)
+        print(f"    {model:5} {mode:3} streams-2x4conns   {out['streams-2x4conns-64k-qd1']:8.1f} MB/s", flush=True)
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def tables(report):
+    lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ", f"Date: {report['date']}", "",
+             "| device | reader | readahead off MB/s | on MB/s | on / off |", "|---|---|---:|---:|---:|"]
+    for model, modes in report["results"].items():
+        for name, off in modes["off"].items():
+            on = modes["on"][name]
+            lines.append(f"| {model} | {name} | {off:.1f} | {on:.1f} | {on / max(off, 1e-9):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runtime", type=int, default=5, help="seconds per run")
+    parser.add_argument("--models", default=",".join(MODELS), help="device models: hdd,ssd,nvme")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "readahead"),
+                        help="write OUT.json and OUT.md (default: bench/results/readahead)")
+    args = parser.parse_args()
+    command = "bench/readahead.sh " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = {
+        "command": command.strip(),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel {platform.release()}",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "results": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="weir-readahead-") as tmp:
+        for model in args.models.split(","):
+            report["results"][model] = {mode: run_model(model, mode, args.runtime, tmp) for mode in ("off", "on")}
+    with open(args.out + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(args.out + ".md", "w") as f:
+        f.write("### Readahead off and on, by device model and reader\n\n" + tables(report))
+    print(tables(report))
+    print(f"wrote {args.out}.json\nrerun: {report['command']}")
+
+
+if __name__ == "__main__":
+    main()
