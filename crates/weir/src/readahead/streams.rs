@@ -7,8 +7,14 @@
 //! (Linux's context readahead has the same idea: the stream is what was
 //! read, not who read it). A stream's second read confirms it; from then
 //! on it reads ahead by a window that doubles each time the reader gets
-//! halfway into what was read ahead, up to the most the caller allows.
-//! Read-ahead data that is evicted unread halves its stream's window.
+//! halfway into what was read ahead, for as long as doubling pays: the
+//! stream's rate over each window is measured, and after two windows that
+//! brought less than `GROWTH_GAIN_MIN` more, the window stays. A disk that
+//! seeks between streams keeps gaining until each window's transfer
+//! outweighs its seek; a drive that serves the stream as fast at any
+//! window stops early. The caller bounds it by memory. Read-ahead data
+//! that is evicted unread halves its stream's window and stops its growth.
+//! A client that keeps several reads of a stream in flight gets none.
 //!
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
 //! this returns.
@@ -121,11 +127,12 @@ pub struct Streams {
 }
 
 impl Streams {
-    /// A read of `length` bytes at `offset`: the stream it belongs to (the
-    /// caller reports it [`answered`](Self::answered)) and what to read
-    /// ahead now, if anything. `window_max` is the most the caller will hold ahead of
-    /// one stream (at least the first window), `align` the block size ranges are rounded to, and
-    /// `size` the volume's end.
+    /// A read of `length` bytes at `offset`, at `now_ns`: the stream it
+    /// belongs to (the caller reports it [`answered`](Self::answered)) and
+    /// what to read ahead now, if anything. `window_max` is the most the
+    /// caller will hold ahead of one stream (at least the first window),
+    /// `align` the block size ranges are rounded to, `size` the volume's
+    /// end.
     pub fn on_read(
         &mut self,
         offset: u64,
