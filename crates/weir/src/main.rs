@@ -167,12 +167,6 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     print_connect_hint(&listeners, &first_export);
     let served = server::serve(listeners, exports, &stop, config.shutdown_grace);
     // Every cached write goes to the devices before the pools close.
-    for (name, readahead) in &readaheads {
-        service.add_readahead(
-            name,
-            Arc::clone(readahead) as Arc<dyn weir::metrics::ReadaheadReport>,
-        );
-    }
     for (name, cache) in &caches {
         let dirty = cache.dirty_bytes();
         match cache.write_back_all() {
