@@ -3,10 +3,14 @@
 //! O_DIRECT needs the memory address aligned too, so every buffer starts on
 //! a 4 KiB boundary. Large aligned allocations are expensive (fresh pages
 //! fault in one by one), so freed buffers go back to a per-size-class free
-//! list; each class keeps at most `POOL_BYTES_PER_CLASS_MAX` bytes.
+//! list. All lists together keep at most `POOL_BYTES_MAX` bytes: the free
+//! lists are memory no budget accounts for, so they stay small beside the
+//! write-back cache's dirty budget however many size classes are in use.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -15,7 +19,10 @@ pub const BUF_ALIGN_BYTES: usize = 4096;
 const CLASS_MIN_SHIFT: u32 = 12; // 4 KiB
 const CLASS_MAX_SHIFT: u32 = 26; // 64 MiB
 const CLASS_COUNT: usize = (CLASS_MAX_SHIFT - CLASS_MIN_SHIFT + 1) as usize;
-const POOL_BYTES_PER_CLASS_MAX: usize = 64 << 20;
+const POOL_BYTES_MAX: usize = 16 << 20;
+
+/// Bytes held by all free lists together.
+static POOL_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 struct FreeList {
     buffers: Vec<NonNull<u8>>,
@@ -65,6 +72,7 @@ impl AlignedBuf {
         };
         if let Some(class) = class {
             if let Some(ptr) = POOL[class].lock().buffers.pop() {
+                POOL_BYTES.fetch_sub(capacity, Ordering::Relaxed);
                 return AlignedBuf { ptr, capacity, len };
             }
         }
@@ -108,11 +116,12 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if let Some(class) = class_of(self.capacity).filter(|c| class_bytes(*c) == self.capacity) {
-            let mut list = POOL[class].lock();
-            if (list.buffers.len() + 1) * self.capacity <= POOL_BYTES_PER_CLASS_MAX {
-                list.buffers.push(self.ptr);
+            let reserved = POOL_BYTES.fetch_add(self.capacity, Ordering::Relaxed);
+            if reserved + self.capacity <= POOL_BYTES_MAX {
+                POOL[class].lock().buffers.push(self.ptr);
                 return;
             }
+            POOL_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
         }
         let layout =
             Layout::from_size_align(self.capacity, BUF_ALIGN_BYTES).expect("buffer layout");
@@ -148,5 +157,21 @@ mod tests {
         drop(first);
         let second = AlignedBuf::new(8000);
         assert_eq!(second.capacity, 8192);
+    }
+
+    #[test]
+    fn free_lists_together_stay_within_their_bound() {
+        let sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20];
+        let held: Vec<AlignedBuf> = (0..64)
+            .map(|i| AlignedBuf::new(sizes[i % sizes.len()]))
+            .collect();
+        drop(held);
+        let listed: usize = POOL
+            .iter()
+            .enumerate()
+            .map(|(class, list)| list.lock().buffers.len() * class_bytes(class))
+            .sum();
+        assert!(listed <= POOL_BYTES_MAX, "{listed} bytes in free lists");
+        assert!(POOL_BYTES.load(Ordering::Relaxed) <= POOL_BYTES_MAX);
     }
 }
