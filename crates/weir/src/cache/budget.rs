@@ -11,7 +11,7 @@
 //! memory.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The limit is never set below this from measurement, so that some
@@ -53,7 +53,9 @@ pub struct DirtyBudget {
     /// Set by the operator: never changed by measurement.
     configured: bool,
     ram_cap: u64,
-    rate: Mutex<f64>,
+    /// The measured writeback rate in bytes/s, as `f64` bits: read on
+    /// every cached write, so it takes no lock.
+    rate_bits: AtomicU64,
 }
 
 impl DirtyBudget {
@@ -66,7 +68,7 @@ impl DirtyBudget {
             limit: AtomicU64::new(limit),
             configured: configured.is_some(),
             ram_cap,
-            rate: Mutex::new(RATE_INITIAL),
+            rate_bits: AtomicU64::new(RATE_INITIAL.to_bits()),
         })
     }
 
@@ -98,8 +100,12 @@ impl DirtyBudget {
 
     /// How long to hold the reply to a cached write of `bytes`.
     pub fn pause(&self, bytes: u64) -> Duration {
-        let rate = *self.rate.lock().expect("rate lock");
-        pause_for(self.used_bytes(), self.limit_bytes(), bytes, rate)
+        pause_for(
+            self.used_bytes(),
+            self.limit_bytes(),
+            bytes,
+            self.rate_bytes_per_second(),
+        )
     }
 
     /// Writeback moved `bytes` in `elapsed` while it had work throughout:
@@ -109,11 +115,14 @@ impl DirtyBudget {
             return;
         }
         let sample = bytes as f64 / elapsed.as_secs_f64();
-        let rate = {
-            let mut rate = self.rate.lock().expect("rate lock");
-            *rate += RATE_WEIGHT * (sample - *rate);
-            *rate
-        };
+        let mut rate = 0.0;
+        let _ = self
+            .rate_bits
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                let old = f64::from_bits(bits);
+                rate = old + RATE_WEIGHT * (sample - old);
+                Some(rate.to_bits())
+            });
         if !self.configured {
             let limit = ((rate * LIMIT_SECONDS) as u64).clamp(LIMIT_FLOOR_BYTES, self.ram_cap);
             self.limit.store(limit, Ordering::Relaxed);
@@ -121,7 +130,7 @@ impl DirtyBudget {
     }
 
     pub fn rate_bytes_per_second(&self) -> f64 {
-        *self.rate.lock().expect("rate lock")
+        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 }
 

@@ -5,7 +5,9 @@ use std::cell::RefCell;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
@@ -92,7 +94,7 @@ impl CachedStore {
     }
 
     fn map(&self) -> MutexGuard<'_, Map> {
-        self.map.lock().expect("cache map lock")
+        self.map.lock()
     }
 
     /// Cached bytes not yet in the store.
@@ -171,15 +173,13 @@ impl CachedStore {
             buf,
             _charge: budget.charge(length),
         });
-        {
-            let mut map = self.map();
-            if map.failed() {
-                drop(map);
-                return done(failed_outcome());
-            }
-            map.write(offset, bytes);
+        let mut map = self.map();
+        if map.failed() {
+            drop(map);
+            return done(failed_outcome());
         }
-        self.pump();
+        map.write(offset, bytes);
+        self.pump_locked(map);
         let pause = budget.pause(length);
         if pause.is_zero() {
             done(Outcome::done(Ok(())));
@@ -191,29 +191,25 @@ impl CachedStore {
 
     fn direct(&self, class: IoClass, op: DeviceOp, done: Completion) {
         let (start, length) = op.range();
-        {
-            let mut map = self.map();
-            if map.failed() {
-                drop(map);
-                return done(failed_outcome());
-            }
-            let urgent = class != IoClass::AsyncWrite;
-            map.direct(start, start + length, urgent, Direct { class, op, done });
+        let mut map = self.map();
+        if map.failed() {
+            drop(map);
+            return done(failed_outcome());
         }
-        self.pump();
+        let urgent = class != IoClass::AsyncWrite;
+        map.direct(start, start + length, urgent, Direct { class, op, done });
+        self.pump_locked(map);
     }
 
     fn flush(&self, done: Completion) {
-        {
-            let mut map = self.map();
-            if map.failed() {
-                drop(map);
-                tracing::debug!("flush refused: an earlier write-back to this volume failed");
-                return done(failed_outcome());
-            }
-            map.flush(done);
+        let mut map = self.map();
+        if map.failed() {
+            drop(map);
+            tracing::debug!("flush refused: an earlier write-back to this volume failed");
+            return done(failed_outcome());
         }
-        self.pump();
+        map.flush(done);
+        self.pump_locked(map);
     }
 
     /// Start what may start, on the calling thread: the checksums and
@@ -224,11 +220,22 @@ impl CachedStore {
     /// completion that arrives inline while this thread pumps the same
     /// store does not recurse: the outer call runs once more.
     fn pump(&self) {
+        self.pump_from(None);
+    }
+
+    /// [`pump`](Self::pump) with the map already locked by the caller,
+    /// which has just changed it: the lock every request takes is taken
+    /// once, not twice.
+    fn pump_locked(&self, map: MutexGuard<'_, Map>) {
+        self.pump_from(Some(map));
+    }
+
+    fn pump_from(&self, mut map: Option<MutexGuard<'_, Map>>) {
         let Some(_guard) = PumpGuard::enter(self) else {
             return;
         };
         loop {
-            self.pump_once();
+            self.pump_once(map.take());
             if !PumpGuard::again(self) {
                 return;
             }
@@ -239,10 +246,10 @@ impl CachedStore {
         writeback_bytes_max(self.flusher.budget().limit_bytes())
     }
 
-    fn pump_once(&self) {
+    fn pump_once(&self, map: Option<MutexGuard<'_, Map>>) {
         let pressure = self.flusher.budget().under_pressure();
         let (writebacks, ready) = {
-            let mut map = self.map();
+            let mut map = map.unwrap_or_else(|| self.map());
             let room = self
                 .writeback_bytes_max()
                 .saturating_sub(map.writeback_bytes_in_flight());
@@ -321,18 +328,18 @@ impl CachedStore {
                 } else {
                     me.written_bytes.fetch_add(length, Ordering::Relaxed);
                 }
-                let waiting = {
-                    let mut map = me.map();
-                    map.writeback_done(id, ok);
-                    map.failed().then(|| map.take_waiting())
-                };
-                if let Some((flushes, directs)) = waiting {
-                    for done in flushes {
-                        done(failed_outcome());
-                    }
-                    for direct in directs {
-                        (direct.done)(failed_outcome());
-                    }
+                let mut map = me.map();
+                map.writeback_done(id, ok);
+                if !map.failed() {
+                    return me.pump_locked(map);
+                }
+                let (flushes, directs) = map.take_waiting();
+                drop(map);
+                for done in flushes {
+                    done(failed_outcome());
+                }
+                for direct in directs {
+                    (direct.done)(failed_outcome());
                 }
                 me.pump();
             }),

@@ -1,4 +1,5 @@
 use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
 
 use super::*;
 use crate::cache::{DirtyBudget, Flusher};
