@@ -6,7 +6,11 @@ with --readahead off and once with --readahead on. On each, fio's nbd
 engine runs random and sequential readers (4 KiB to 1 MiB, QD1 and QD8),
 and a libnbd client runs two 64 KiB QD1 sequential streams each spread
 round-robin over four connections (the case where a server's threads break
-a stream up). The table gives MB/s in both modes and their ratio.
+a stream up). Rounds alternate off and on, so drift on a shared machine
+touches both alike. The table gives the median MB/s of each mode over the
+rounds, the ratio of the medians, and the range of the per-round ratios:
+in real time on a loaded machine one cell can move by a third between
+identical runs, so a single round decides nothing.
 """
 
 import argparse
@@ -15,6 +19,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,12 +98,19 @@ def run_model(model, mode, runtime, tmp):
 
 
 def tables(report):
-    lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ", f"Date: {report['date']}", "",
-             "| device | reader | readahead off MB/s | on MB/s | on / off |", "|---|---|---:|---:|---:|"]
+    rounds = report.get("rounds", 1)
+    lines = [f"Command: `{report['command']}`  ", f"Machine: {report['machine']}  ", f"Date: {report['date']}  ",
+             f"Rounds: {rounds} (median MB/s; the last column is the range of the per-round ratios)", "",
+             "| device | reader | readahead off MB/s | on MB/s | on / off | per-round on / off |",
+             "|---|---|---:|---:|---:|---|"]
     for model, modes in report["results"].items():
-        for name, off in modes["off"].items():
-            on = modes["on"][name]
-            lines.append(f"| {model} | {name} | {off:.1f} | {on:.1f} | {on / max(off, 1e-9):.2f} |")
+        for name in modes["off"][0]:
+            off = [r[name] for r in modes["off"]]
+            on = [r[name] for r in modes["on"]]
+            ratios = [b / max(a, 1e-9) for a, b in zip(off, on)]
+            mid_off, mid_on = statistics.median(off), statistics.median(on)
+            lines.append(f"| {model} | {name} | {mid_off:.1f} | {mid_on:.1f} | {mid_on / max(mid_off, 1e-9):.2f} "
+                         f"| {min(ratios):.2f}-{max(ratios):.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -106,6 +118,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runtime", type=int, default=5, help="seconds per run")
     parser.add_argument("--models", default=",".join(MODELS), help="device models: hdd,ssd,nvme")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of off and on per model (median reported)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "readahead"),
                         help="write OUT.json and OUT.md (default: bench/results/readahead)")
     args = parser.parse_args()
@@ -114,11 +127,16 @@ def main():
         "command": command.strip(),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel {platform.release()}",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rounds": args.rounds,
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="weir-readahead-") as tmp:
         for model in args.models.split(","):
-            report["results"][model] = {mode: run_model(model, mode, args.runtime, tmp) for mode in ("off", "on")}
+            runs = {"off": [], "on": []}
+            for _ in range(args.rounds):
+                for mode in ("off", "on"):
+                    runs[mode].append(run_model(model, mode, args.runtime, tmp))
+            report["results"][model] = runs
     with open(args.out + ".json", "w") as f:
         json.dump(report, f, indent=1)
     with open(args.out + ".md", "w") as f:

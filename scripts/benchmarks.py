@@ -167,7 +167,9 @@ p99 alone, and the writer's throughput."""))
 `--readahead off` (the default) and once with `--readahead on`. fio's nbd
 engine runs random and sequential readers on it; a libnbd client runs two
 64 KiB QD1 sequential streams, each sending its requests round-robin over four
-connections. Single runs: the figures move by about 10% from run to run."""))
+connections. Rounds alternate off and on; the table gives the medians and the
+range of the per-round ratios, since in real time on a shared machine a cell
+can move by a third between identical runs."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
