@@ -389,11 +389,16 @@ impl IoQueue {
         };
         let waiting = queue.remove(key);
         let first = waiting.io;
-        let piece = if self.mode == Mode::Adaptive && !class.is_sync() {
-            self.adaptive.piece_bytes(class)
-        } else {
-            None
-        };
+        // Read-ahead is not cut: its reads are already sized by the client
+        // requests they stand for (readahead/store.rs), and its reader
+        // waits for each one whole, so pieces would only add a device
+        // round trip per piece to the stream.
+        let piece =
+            if self.mode == Mode::Adaptive && !class.is_sync() && class != IoClass::AsyncRead {
+                self.adaptive.piece_bytes(class)
+            } else {
+                None
+            };
         if piece.is_some() || self.splits.contains_key(&first.id) {
             return self.take_piece(first, waiting.since, piece);
         }

@@ -163,6 +163,25 @@ fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
 }
 
 #[test]
+fn adaptive_sends_read_ahead_whole_where_it_cuts_a_scrub_read() {
+    let (mut queue, now) = flash_queue_with_measured_scrub();
+    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    let scrub = queue.next_to_issue(now).expect("the scrub goes");
+    assert!(
+        scrub.length < 1 << 20,
+        "the scrub read is cut: {}",
+        scrub.length
+    );
+    queue.enqueue(io(102, IoClass::AsyncRead, 4 << 20, 1 << 20), now);
+    let readahead = drain(&mut queue, now)
+        .into_iter()
+        .find(|d| d.class == IoClass::AsyncRead)
+        .expect("the read-ahead goes");
+    assert_eq!(readahead.length, 1 << 20, "read-ahead goes whole");
+    assert_eq!(readahead.ios.len(), 1);
+}
+
+#[test]
 fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_them() {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     queue.enqueue(io(1, IoClass::SyncRead, 0, 4096), 0);
