@@ -65,7 +65,10 @@ class ModelDevices(unittest.TestCase):
     def test_faults_change_through_the_control_file(self):
         with tempfile.TemporaryDirectory() as tmp:
             control = os.path.join(tmp, "faults")
-            with Weir("--export", f"disk=model:ssd,size=1G,control={control}") as w:
+            # Written through: reads must reach the device model whose
+            # faults are under test, not a cache that still holds the write.
+            spec = f"disk=model:ssd,size=1G,control={control},cache=writethrough"
+            with Weir("--export", spec) as w:
                 h = nbd.NBD()
                 h.connect_uri(w.uri("disk"))
                 h.pwrite(b"x" * 4096, 0)
