@@ -31,7 +31,12 @@ use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
 use crate::sim::{Simulation, StreamResult, WbThrottle, READ_TIMELINE_BUCKET_NS};
 use crate::workload::JobSpec;
-use report::{ReadTimeline, Report, Run, RunConfig, Stream, WritebackSummary};
+use report::{ReadTimeline, ReadaheadSummary, Report, Run, RunConfig, Stream, WritebackSummary};
+
+/// The read-ahead memory of a simulated server: a server's default (1/64
+/// of RAM) on 16 GiB, fixed so that a run does not depend on the machine
+/// that simulates it.
+pub const SIM_READAHEAD_MEMORY_BYTES: u64 = 256 << 20;
 
 /// Where a workload runs.
 #[derive(Clone, Debug)]
@@ -47,6 +52,8 @@ pub enum Target {
         /// Writes go through a write-back cache whose writeback this
         /// throttles (the queues then run in its mode); None: written through.
         cache: Option<WbThrottle>,
+        /// Client I/O goes through the server's readahead.
+        readahead: bool,
     },
     /// An NBD URI; `device` says what is behind it, when we know.
     Nbd {
@@ -73,6 +80,7 @@ impl Target {
                 mode,
                 read_policy,
                 cache,
+                readahead,
             } => {
                 let texts: Vec<&str> = devices.iter().map(|d| d.text.as_str()).collect();
                 let reads = if devices.len() > 1 {
@@ -84,9 +92,10 @@ impl Target {
                     Some(throttle) => format!(", cache writeback, throttle {throttle}"),
                     None => String::new(),
                 };
+                let readahead = if *readahead { ", readahead on" } else { "" };
                 let what = if devices.len() > 1 { "mirror " } else { "" };
                 format!(
-                    "{what}{} (sched {}{reads}{cache})",
+                    "{what}{} (sched {}{reads}{cache}{readahead})",
                     texts.join(" "),
                     mode.name()
                 )
@@ -123,6 +132,7 @@ pub fn run_jobs(
     let mut device_read_timeline = None;
     let mut stream_read_share = None;
     let mut writeback = None;
+    let mut read_ahead = None;
     let results: Vec<StreamResult> = match target {
         Target::Sim(spec) => Simulation::new(spec, jobs, duration, seed)
             .map_err(anyhow::Error::msg)?
@@ -132,6 +142,7 @@ pub fn run_jobs(
             mode,
             read_policy,
             cache,
+            readahead,
         } => {
             let mut simulation = Simulation::new_pool(devices, *mode, jobs, duration, seed)
                 .map_err(anyhow::Error::msg)?
@@ -139,7 +150,19 @@ pub fn run_jobs(
             if let Some(throttle) = cache {
                 simulation = simulation.with_cache(*throttle, None);
             }
+            if *readahead {
+                simulation = simulation
+                    .with_readahead(SIM_READAHEAD_MEMORY_BYTES)
+                    .map_err(anyhow::Error::msg)?;
+            }
             let run = simulation.run_mirror();
+            read_ahead = run.readahead.map(|r| ReadaheadSummary {
+                device_read_bytes: r.device_read_bytes,
+                hits: r.hits,
+                misses: r.misses,
+                read_ahead_bytes: r.read_ahead_bytes,
+                wasted_bytes: r.wasted_bytes,
+            });
             if let (Some(throttle), Some(done)) = (cache, &run.cache) {
                 writeback = Some(WritebackSummary {
                     throttle: throttle.name().into(),
@@ -207,6 +230,7 @@ pub fn run_jobs(
         device_read_timeline,
         stream_read_share,
         writeback,
+        readahead: read_ahead,
     })
 }
 

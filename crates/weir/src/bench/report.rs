@@ -37,6 +37,22 @@ pub struct Run {
     /// With a simulated write-back cache: what its writeback did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writeback: Option<WritebackSummary>,
+    /// With simulated readahead: what it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readahead: Option<ReadaheadSummary>,
+}
+
+/// Simulated readahead over one run.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct ReadaheadSummary {
+    /// Bytes read from the devices: client reads that missed, and read-ahead.
+    pub device_read_bytes: u64,
+    /// Client reads answered from read-ahead data, and those that were not.
+    pub hits: u64,
+    pub misses: u64,
+    pub read_ahead_bytes: u64,
+    /// Read ahead and dropped unread.
+    pub wasted_bytes: u64,
 }
 
 /// A simulated write-back cache over one run.

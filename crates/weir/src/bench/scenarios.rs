@@ -164,6 +164,7 @@ impl Targets for SimTargets {
             mode,
             read_policy: ReadPolicy::default(),
             cache: None,
+            readahead: false,
         }))
     }
 
@@ -180,6 +181,7 @@ impl Targets for SimTargets {
             mode: Mode::default(),
             read_policy: policy.unwrap_or_default(),
             cache: None,
+            readahead: false,
         }))
     }
 

@@ -53,6 +53,7 @@ fn sim(device: &str, mode: Mode, cache: Option<WbThrottle>) -> anyhow::Result<Ta
         mode,
         read_policy: ReadPolicy::default(),
         cache,
+        readahead: false,
     })
 }
 

@@ -12,6 +12,7 @@ use crate::bench::{emit, parse_jobs, run_jobs, Target};
 use crate::cache::CacheMode;
 use crate::device::model::ModelSpec;
 use crate::pool::mirror::select::ReadPolicy;
+use crate::readahead::ReadaheadMode;
 use crate::sched::Mode;
 use crate::sim::WbThrottle;
 
@@ -76,6 +77,9 @@ pub struct RunArgs {
     /// adaptive queues, nothing (fifo queues), or Linux wbt's fixed targets (fifo queues).
     #[arg(long, requires = "sim", value_parser = super::one_of(&WbThrottle::ALL, WbThrottle::name))]
     wb_throttle: Option<WbThrottle>,
+    /// For --sim: client reads and writes go through the server's readahead.
+    #[arg(long, requires = "sim", default_value = "off")]
+    readahead: ReadaheadMode,
     /// Add a scrub that runs for the whole run (stream `scrub`: 1 MiB reads of every copy).
     #[arg(long)]
     scrub: bool,
@@ -212,10 +216,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 mode,
                 read_policy: args.read_policy,
                 cache,
+                readahead: args.readahead == ReadaheadMode::On,
             }
         }
         (true, Some(device), None)
-            if args.sched.is_some() || args.scrub || args.cache == CacheMode::Writeback =>
+            if args.sched.is_some()
+                || args.scrub
+                || args.cache == CacheMode::Writeback
+                || args.readahead == ReadaheadMode::On =>
         {
             let text = device
                 .strip_prefix("model:")
@@ -229,6 +237,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 mode,
                 read_policy: ReadPolicy::default(),
                 cache,
+                readahead: args.readahead == ReadaheadMode::On,
             }
         }
         (true, Some(_), None) if args.wb_throttle.is_some() => {

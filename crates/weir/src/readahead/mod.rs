@@ -23,7 +23,7 @@ pub mod streams;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub use store::{ReadaheadCounters, ReadaheadStore};
+pub use store::{Clock, ReadaheadCounters, ReadaheadStore};
 
 /// Whether a volume reads ahead for the sequential streams it sees.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]

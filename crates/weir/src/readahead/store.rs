@@ -172,18 +172,35 @@ pub struct ReadaheadStore {
     state: Mutex<State>,
     budget: Arc<ReadaheadBudget>,
     counters: ReadaheadCounters,
-    epoch: Instant,
+    clock: Clock,
     me: Weak<ReadaheadStore>,
 }
 
+/// Nanoseconds on the clock streams are timed by: real time in a server,
+/// virtual time in the simulator.
+pub type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
+
 impl ReadaheadStore {
     pub fn new(inner: Arc<dyn Store>, budget: &Arc<ReadaheadBudget>) -> Arc<ReadaheadStore> {
+        let epoch = Instant::now();
+        Self::with_clock(
+            inner,
+            budget,
+            Box::new(move || epoch.elapsed().as_nanos() as u64),
+        )
+    }
+
+    pub fn with_clock(
+        inner: Arc<dyn Store>,
+        budget: &Arc<ReadaheadBudget>,
+        clock: Clock,
+    ) -> Arc<ReadaheadStore> {
         Arc::new_cyclic(|me| ReadaheadStore {
             inner,
             state: Mutex::new(State::default()),
             budget: Arc::clone(budget),
             counters: ReadaheadCounters::default(),
-            epoch: Instant::now(),
+            clock,
             me: me.clone(),
         })
     }
@@ -202,7 +219,7 @@ impl ReadaheadStore {
         let (pieces, answered, done) = {
             let mut state = self.state();
             let window_max = self.budget.limit_bytes() / STREAM_BUDGET_SHARE;
-            let now_ns = self.epoch.elapsed().as_nanos() as u64;
+            let now_ns = (self.clock)();
             let (stream, plan) = state.streams.on_read(
                 offset,
                 length,

@@ -24,8 +24,11 @@ use crate::stats::LatencyStats;
 use crate::workload::{Generator, JobSpec, Rw};
 
 mod cache;
+mod readahead;
 use cache::SimCache;
 pub use cache::{CacheRun, WbThrottle};
+use readahead::SimReadahead;
+pub use readahead::ReadaheadRun;
 
 /// The width of one step of each device's share of reads over time.
 pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;
@@ -67,6 +70,8 @@ pub struct MirrorRun {
     pub read_timeline: Vec<Vec<f64>>,
     /// With a write-back cache: what it did.
     pub cache: Option<CacheRun>,
+    /// With readahead: what it did.
+    pub readahead: Option<ReadaheadRun>,
 }
 
 fn shares_of(counts: &[u64]) -> Vec<f64> {
@@ -155,6 +160,8 @@ pub struct Simulation {
     reads_per_job: Vec<Vec<u64>>,
     /// Client writes go through a write-back cache.
     cache: Option<SimCache>,
+    /// Client reads and writes go through the server's readahead.
+    readahead: Option<SimReadahead>,
     duration: Nanos,
     now: Nanos,
 }
@@ -236,6 +243,7 @@ impl Simulation {
             reads_timeline: Vec::new(),
             reads_per_job: vec![vec![0; specs.len()]; job_count],
             cache: None,
+            readahead: None,
             duration,
             now: 0,
         })
@@ -271,6 +279,23 @@ impl Simulation {
         self
     }
 
+    /// Client reads and writes go through the server's readahead, which
+    /// holds at most `memory_max` bytes read ahead. Not with a cache.
+    pub fn with_readahead(mut self, memory_max: u64) -> Result<Simulation, String> {
+        if self.cache.is_some() {
+            return Err("the simulator runs readahead without a write-back cache".into());
+        }
+        let size = self.devices.iter().map(|d| d.spec.size_bytes).min();
+        let rotational = self.devices.iter().any(|d| d.spec.rotational());
+        self.readahead = Some(SimReadahead::new(
+            size.unwrap_or(0),
+            4096,
+            rotational,
+            memory_max,
+        ));
+        Ok(self)
+    }
+
     /// Run to the end; the results are in job order.
     pub fn run(self) -> Vec<StreamResult> {
         self.run_mirror().streams
@@ -282,6 +307,9 @@ impl Simulation {
         let mut done = Vec::new();
         while let Some(now) = self.next_time().filter(|t| *t < self.duration) {
             self.now = now;
+            if let Some(ra) = &self.readahead {
+                ra.set_clock(now);
+            }
             for index in 0..self.devices.len() {
                 let device = &mut self.devices[index];
                 device
@@ -311,6 +339,7 @@ impl Simulation {
                 self.issue(index, at, at);
             }
             self.cache_timers(now);
+            self.readahead_replies(now);
             for index in 0..self.jobs.len() {
                 self.start_or_arrive(index, now);
             }
@@ -326,6 +355,7 @@ impl Simulation {
             .collect();
         MirrorRun {
             cache: self.cache.as_ref().map(SimCache::report),
+            readahead: self.readahead.as_ref().map(SimReadahead::report),
             read_shares: shares_of(&self.reads_per_device),
             job_read_shares: self.reads_per_job.iter().map(|c| shares_of(c)).collect(),
             read_timeline,
@@ -350,7 +380,9 @@ impl Simulation {
                 .chain(d.queue.next_deadline(self.now))
         });
         let cache = self.cache.as_ref().map(SimCache::next_event);
+        let readahead = self.readahead.as_ref().and_then(SimReadahead::next_event);
         jobs.chain(devices)
+            .chain(readahead)
             .chain(failing)
             .chain(thinking)
             .chain(cache)
@@ -539,6 +571,9 @@ impl Simulation {
                 return;
             }
         }
+        if self.readahead.is_some() && matches!(class, IoClass::SyncRead | IoClass::SyncWrite) {
+            return self.readahead_issue(index, id, arrived, kind, offset, length, now);
+        }
         let targets = self.targets(index, class, kind, offset, length);
         let mut pending = Pending::client(index, arrived, length, targets.len() as u32);
         pending.scrub_device =
@@ -597,6 +632,9 @@ impl Simulation {
 
     /// One copy's I/O is done; the request completes with its last copy.
     fn part_done(&mut self, part: u64, at: Nanos) {
+        if self.readahead_part_done(part, at) {
+            return;
+        }
         if self.cache_part_done(part, at) {
             return;
         }
