@@ -482,6 +482,10 @@ impl Store for CachedStore {
         }
     }
 
+    fn promote(&self, offset: u64, length: u64) {
+        self.inner.promote(offset, length)
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         let dirty = self.map().dirty_ranges(offset, offset + length);
         let inner = self.inner.extents(offset, length, extents_max)?;

@@ -42,6 +42,9 @@ pub trait Store: Send + Sync {
     fn info(&self) -> &StoreInfo;
     fn submit(&self, class: IoClass, op: DeviceOp, done: Completion);
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>>;
+    /// A client now waits for the read-ahead submitted over
+    /// `[offset, offset + length)`: it is a client read from now on.
+    fn promote(&self, _offset: u64, _length: u64) {}
 }
 
 /// A volume that is a whole device, exported as is.
@@ -70,6 +73,10 @@ impl Store for SingleDevice {
 
     fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
         self.queue.submit(class, op, done)
+    }
+
+    fn promote(&self, offset: u64, length: u64) {
+        self.queue.promote(offset, length)
     }
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {

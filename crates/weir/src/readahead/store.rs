@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use super::streams::{Plan, Streams, FIRST_WINDOW_REQUESTS};
+use super::streams::{Plan, Streams};
 use super::ReadaheadBudget;
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
 use crate::metrics::ReadaheadReport;
@@ -58,6 +58,8 @@ struct Fetch {
     stream: u64,
     /// A write overlapped it while in flight: its bytes may be older.
     stale: bool,
+    /// Sent as a client read, or promoted to one since.
+    urgent: bool,
     waiting: Vec<Waiting>,
 }
 
@@ -72,6 +74,10 @@ struct State {
     segments: BTreeMap<u64, Segment>,
     fetches: BTreeMap<u64, Fetch>,
     writes: BTreeMap<u64, WriteInFlight>,
+    /// Per stream, on a disk: read-aheads in the device, and those held
+    /// back until it is served (see `gate`).
+    sent: std::collections::HashMap<u64, u32>,
+    held: std::collections::HashMap<u64, std::collections::VecDeque<(u64, Plan)>>,
     next_id: u64,
     clock: u64,
 }
@@ -81,6 +87,44 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl State {
+    /// Whether a stream's new read-ahead goes now. On a disk a stream
+    /// has one in the device at a time, and the next waits for it to
+    /// land: a second, at the blocks right after the first, is what the
+    /// drive serves next whatever else waits (it is the cheapest to
+    /// reach), so another stream's or a random reader's read would wait
+    /// for the drive's own age limit, seconds.
+    fn gate(&mut self, fetch: (u64, Plan), one_at_a_time: bool) -> Option<(u64, Plan)> {
+        if !one_at_a_time {
+            return Some(fetch);
+        }
+        let stream = fetch.1.stream;
+        let sent = self.sent.entry(stream).or_insert(0);
+        if *sent == 0 {
+            *sent += 1;
+            return Some(fetch);
+        }
+        self.held.entry(stream).or_default().push_back(fetch);
+        None
+    }
+
+    /// A read-ahead of `stream` is back: its next held one, if any, goes.
+    fn landed(&mut self, stream: u64) -> Option<(u64, Plan)> {
+        let sent = self.sent.get_mut(&stream)?;
+        *sent -= 1;
+        let next = self.held.get_mut(&stream).and_then(|held| held.pop_front());
+        match next {
+            Some(piece) => {
+                *sent += 1;
+                Some(piece)
+            }
+            None => {
+                self.sent.remove(&stream);
+                self.held.remove(&stream);
+                None
+            }
+        }
+    }
+
     /// Copy `[offset, offset + buf.len())` from held segments if they
     /// cover all of it.
     fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
@@ -216,7 +260,7 @@ impl ReadaheadStore {
     fn client_read(&self, offset: u64, mut buf: AlignedBuf, client: Completion) {
         let length = buf.len() as u64;
         let info = self.inner.info();
-        let (pieces, answered, done) = {
+        let (read_ahead, answered, done) = {
             let mut state = self.state();
             let window_max = self.budget.limit_bytes() / STREAM_BUDGET_SHARE;
             let now_ns = (self.clock)();
@@ -233,11 +277,12 @@ impl ReadaheadStore {
                 me.state().streams.answered(stream);
                 client(outcome);
             });
-            let pieces = plan.map_or_else(Vec::new, |plan| {
-                self.register(&mut state, plan, length.max(u64::from(info.block_bytes)))
-            });
+            let read_ahead = plan
+                .map(|plan| self.register(&mut state, plan))
+                .and_then(|read_ahead| state.gate(read_ahead, info.rotational));
             let end = offset + length;
-            let answered = if state.take_from_segments(offset, &mut buf) {
+            let hit = state.take_from_segments(offset, &mut buf);
+            let answered = if hit {
                 Ok(buf)
             } else if let Some(fetch) = state
                 .fetches
@@ -245,16 +290,23 @@ impl ReadaheadStore {
                 .find(|f| !f.stale && f.start <= offset && end <= f.end)
             {
                 fetch.waiting.push(Waiting { offset, buf, done });
+                let promote = (!fetch.urgent).then(|| {
+                    fetch.urgent = true;
+                    (fetch.start, fetch.end - fetch.start)
+                });
                 drop(state);
+                if let Some((start, length)) = promote {
+                    self.inner.promote(start, length);
+                }
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                for piece in pieces {
-                    self.fetch(piece);
+                if let Some(read_ahead) = read_ahead {
+                    self.fetch(read_ahead);
                 }
                 return;
             } else {
                 Err(buf)
             };
-            (pieces, answered, done)
+            (read_ahead, answered, done)
         };
         match answered {
             Ok(buf) => {
@@ -271,51 +323,33 @@ impl ReadaheadStore {
                     .submit(IoClass::SyncRead, DeviceOp::Read { offset, buf }, done);
             }
         }
-        for piece in pieces {
-            self.fetch(piece);
+        if let Some(read_ahead) = read_ahead {
+            self.fetch(read_ahead);
         }
     }
 
-    /// Note a planned read-ahead as in flight, in pieces of
-    /// `FIRST_WINDOW_REQUESTS` client requests of `request` bytes: they go
-    /// to the device together, so a drive that overlaps reads serves them
-    /// at once, a disk serves them back to back in block order, and a
-    /// client read waits only for the piece that holds it. Returns each
-    /// piece's id and range.
-    fn register(&self, state: &mut State, plan: Plan, request: u64) -> Vec<(u64, Plan)> {
-        let piece_bytes = request * FIRST_WINDOW_REQUESTS;
-        let mut pieces = Vec::new();
-        let mut start = plan.start;
-        while start < plan.end {
-            let end = (start + piece_bytes).min(plan.end);
-            state.next_id += 1;
-            let id = state.next_id;
-            let stale = state.write_in_flight_over(start, end);
-            state.fetches.insert(
-                id,
-                Fetch {
-                    start,
-                    end,
-                    stream: plan.stream,
-                    stale,
-                    waiting: Vec::new(),
-                },
-            );
-            // The reader waits for the first piece of an urgent plan: it
-            // goes as a client read, the rest as read-ahead.
-            let urgent = plan.urgent && start == plan.start;
-            pieces.push((
-                id,
-                Plan {
-                    start,
-                    end,
-                    urgent,
-                    ..plan
-                },
-            ));
-            start = end;
-        }
-        pieces
+    /// Note a planned read-ahead as in flight, as one device read: a
+    /// disk serves it with one seek, and a drive that overlaps reads
+    /// splits it across its channels itself, where several smaller reads
+    /// of one window sent together were reordered by a disk (a rotation
+    /// lost per read) and interleaved with the next stream's. Returns its
+    /// id and range.
+    fn register(&self, state: &mut State, plan: Plan) -> (u64, Plan) {
+        state.next_id += 1;
+        let id = state.next_id;
+        let stale = state.write_in_flight_over(plan.start, plan.end);
+        state.fetches.insert(
+            id,
+            Fetch {
+                start: plan.start,
+                end: plan.end,
+                stream: plan.stream,
+                stale,
+                urgent: plan.urgent,
+                waiting: Vec::new(),
+            },
+        );
+        (id, plan)
     }
 
     fn fetch(&self, (id, plan): (u64, Plan)) {
@@ -345,6 +379,13 @@ impl ReadaheadStore {
     fn fetched(&self, id: u64, outcome: Outcome) {
         let mut state = self.state();
         let fetch = state.fetches.remove(&id).expect("a fetch lands once");
+        let next = state.landed(fetch.stream);
+        // Whoever waits for a held read-ahead waits for it as for a
+        // client read.
+        let next = next.map(|(id, plan)| {
+            let urgent = state.fetches.get(&id).is_some_and(|f| f.urgent);
+            (id, Plan { urgent, ..plan })
+        });
         let length = fetch.end - fetch.start;
         let stale = fetch.stale || state.write_in_flight_over(fetch.start, fetch.end);
         let data = match (outcome.result, outcome.buf) {
@@ -358,6 +399,9 @@ impl ReadaheadStore {
         };
         let Some(data) = data else {
             drop(state);
+            if let Some(next) = next {
+                self.fetch(next);
+            }
             self.counters
                 .wasted_bytes
                 .fetch_add(length, Ordering::Relaxed);
@@ -406,6 +450,9 @@ impl ReadaheadStore {
             wasted += length;
         }
         drop(state);
+        if let Some(next) = next {
+            self.fetch(next);
+        }
         self.counters
             .wasted_bytes
             .fetch_add(wasted, Ordering::Relaxed);
@@ -483,6 +530,10 @@ impl Store for ReadaheadStore {
             }
             op => self.inner.submit(class, op, done),
         }
+    }
+
+    fn promote(&self, offset: u64, length: u64) {
+        self.inner.promote(offset, length)
     }
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {

@@ -184,6 +184,24 @@ impl DeviceQueue {
         issue(&self.shared, ready);
     }
 
+    /// A client now waits for the read-ahead queued over
+    /// `[offset, offset + length)`: it goes as a client read. Its counts
+    /// stay with the class it was submitted in.
+    pub fn promote(&self, offset: u64, length: u64) {
+        if self.mode() == Mode::Fifo {
+            return;
+        }
+        let ready = {
+            let mut s = self.shared.scheduled.lock();
+            let now = self.shared.now();
+            if s.queue.promote(offset, length, now) == 0 {
+                return;
+            }
+            take_ready(&mut s, now)
+        };
+        issue(&self.shared, ready);
+    }
+
     pub fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
         let shared = &self.shared;
         let this = &shared.counters[class as usize];

@@ -208,6 +208,41 @@ impl IoQueue {
         self
     }
 
+    /// A client now waits for the read-ahead queued over
+    /// `[offset, offset + length)`: it becomes a client read, and goes in
+    /// turn with them. Returns how many I/Os moved.
+    pub fn promote(&mut self, offset: u64, length: u64, now: Nanos) -> usize {
+        let end = offset + length;
+        let over = |io: &QueuedIo| {
+            io.class == IoClass::AsyncRead && io.offset < end && offset < io.offset + io.length
+        };
+        if self.mode == Mode::Fifo {
+            let mut moved = 0;
+            for waiting in self.fifo.iter_mut().filter(|w| over(&w.io)) {
+                waiting.io.class = IoClass::SyncRead;
+                moved += 1;
+            }
+            return moved;
+        }
+        let keys: Vec<(u64, u64)> = self.classes[IoClass::AsyncRead as usize]
+            .by_key
+            .iter()
+            .filter(|(_, w)| over(&w.io))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in &keys {
+            let waiting = self.classes[IoClass::AsyncRead as usize].remove(*key);
+            let io = QueuedIo {
+                class: IoClass::SyncRead,
+                ..waiting.io
+            };
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.classes[IoClass::SyncRead as usize].insert((0, seq), Waiting { io, since: now });
+        }
+        keys.len()
+    }
+
     /// Change mode at run time; waiting I/Os move to the new structure.
     pub fn set_mode(&mut self, mode: Mode, now: Nanos) {
         if mode == self.mode {

@@ -681,3 +681,28 @@ fn adaptive_background_pieces_are_large_enough_to_pay_their_fixed_cost() {
         "pieces of the last write after the fit: {last:?}"
     );
 }
+
+#[test]
+fn promoted_read_ahead_goes_as_a_client_read_past_the_background_limit() {
+    // A busy QD1 reader on a disk: background is held to its share, so a
+    // read-ahead waits its turn behind the reader's reads.
+    let mut queue = IoQueue::new(Mode::Adaptive, true);
+    let mut now = clean_reads(&mut queue, 0, 10_000_000);
+    queue.enqueue(io(100, IoClass::SyncRead, 900 << 20, 4096), now);
+    let reader = queue.next_to_issue(now).expect("the reader goes");
+    queue.enqueue(io(101, IoClass::AsyncRead, 4 << 20, 4 << 20), now);
+    queue.enqueue(io(102, IoClass::AsyncRead, 64 << 20, 1 << 20), now);
+    assert!(
+        drain(&mut queue, now).is_empty(),
+        "read-ahead waits beside a lone interactive read"
+    );
+    // A client now waits for the first read-ahead: it goes at once, as a
+    // client read, and whole.
+    assert_eq!(queue.promote((4 << 20) + 4096, 4096, now), 1);
+    now += 1;
+    let next = drain(&mut queue, now);
+    assert_eq!((next[0].id, next[0].class), (101, IoClass::SyncRead));
+    assert_eq!(next[0].length, 4 << 20);
+    assert!(next[1..].iter().all(|d| d.class == IoClass::AsyncRead));
+    queue.complete(reader.id, now + 1);
+}

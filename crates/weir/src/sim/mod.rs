@@ -27,8 +27,8 @@ mod cache;
 mod readahead;
 use cache::SimCache;
 pub use cache::{CacheRun, WbThrottle};
-use readahead::SimReadahead;
 pub use readahead::ReadaheadRun;
+use readahead::SimReadahead;
 
 /// The width of one step of each device's share of reads over time.
 pub const READ_TIMELINE_BUCKET_NS: Nanos = 100 * NANOS_PER_MS;
@@ -572,7 +572,7 @@ impl Simulation {
             }
         }
         if self.readahead.is_some() && matches!(class, IoClass::SyncRead | IoClass::SyncWrite) {
-            return self.readahead_issue(index, id, arrived, kind, offset, length, now);
+            return self.readahead_issue(index, id, arrived, (kind, offset, length), now);
         }
         let targets = self.targets(index, class, kind, offset, length);
         let mut pending = Pending::client(index, arrived, length, targets.len() as u32);

@@ -39,6 +39,8 @@ struct Handoff {
     submitted: Mutex<Vec<(IoClass, DeviceOp, Completion)>>,
     /// (request id, succeeded).
     answered: Mutex<Vec<(u64, bool)>>,
+    /// Ranges of read-ahead a client now waits for.
+    promoted: Mutex<Vec<(u64, u64)>>,
 }
 
 /// The store's view of the simulated devices: whatever it submits waits
@@ -59,6 +61,14 @@ impl Store for Devices {
             .lock()
             .expect("handoff lock")
             .push((class, op, done));
+    }
+
+    fn promote(&self, offset: u64, length: u64) {
+        self.handoff
+            .promoted
+            .lock()
+            .expect("handoff lock")
+            .push((offset, length));
     }
 
     fn extents(&self, _offset: u64, _length: u64, _max: usize) -> io::Result<Vec<Extent>> {
@@ -157,15 +167,14 @@ fn hit_cost_ns(length: u64) -> Nanos {
 }
 
 impl Simulation {
-    /// A client read or write of job `index` goes to the readahead store.
+    /// A client read or write of job `index`, `(kind, offset, length)`,
+    /// goes to the readahead store.
     pub(super) fn readahead_issue(
         &mut self,
         index: usize,
         id: u64,
         arrived: Nanos,
-        kind: IoKind,
-        offset: u64,
-        length: u64,
+        (kind, offset, length): (IoKind, u64, u64),
         now: Nanos,
     ) {
         let ra = self.readahead.as_mut().expect("readahead is on");
@@ -209,9 +218,17 @@ impl Simulation {
             };
             let submitted = std::mem::take(&mut *ra.handoff.submitted.lock().expect("lock"));
             let answered = std::mem::take(&mut *ra.handoff.answered.lock().expect("lock"));
-            if submitted.is_empty() && answered.is_empty() {
+            let promoted = std::mem::take(&mut *ra.handoff.promoted.lock().expect("lock"));
+            if submitted.is_empty() && answered.is_empty() && promoted.is_empty() {
                 return;
             }
+            for (offset, length) in promoted {
+                for index in 0..self.devices.len() {
+                    self.devices[index].queue.promote(offset, length, now);
+                    self.dispatch(index, now);
+                }
+            }
+            let ra = self.readahead.as_mut().expect("checked above");
             for (id, ok) in answered {
                 let cost = match (ra.hits.remove(&id), self.pending.get(&id)) {
                     (true, Some(p)) => hit_cost_ns(p.bytes),

@@ -82,6 +82,19 @@ impl PoolData {
         });
     }
 
+    /// A client now waits for the read-ahead submitted over the logical
+    /// range: wherever a copy's queue still holds it, it goes as a client
+    /// read.
+    pub(super) fn promote(&self, logical: u64, length: u64) {
+        for piece in self.stripe.map(logical, length) {
+            let group = &self.groups[piece.group];
+            for (_, member) in group.readable_at(piece.data_offset / CHUNK_BYTES) {
+                let offset = member.regions.data.0 + piece.data_offset;
+                member.queue.promote(offset, piece.length);
+            }
+        }
+    }
+
     /// Read and wait, by the path the server would take: for tests.
     #[cfg(test)]
     pub(super) fn read(

@@ -66,6 +66,10 @@ impl Store for PoolVolume {
         }
     }
 
+    fn promote(&self, offset: u64, length: u64) {
+        self.pool.promote(self.first_byte + offset, length)
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         let start = offset / DATA_BLOCK_BYTES * DATA_BLOCK_BYTES;
         let end = (offset + length)

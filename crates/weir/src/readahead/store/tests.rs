@@ -16,6 +16,9 @@ struct HeldStore {
     bytes: Mutex<Vec<u8>>,
     held: Mutex<Vec<(Completion, Outcome)>>,
     reads: AtomicU64,
+    /// Reads in the device: (offset, length, class).
+    in_device: Arc<Mutex<Vec<(u64, u64, IoClass)>>>,
+    promoted: Mutex<Vec<(u64, u64)>>,
 }
 
 impl HeldStore {
@@ -30,6 +33,8 @@ impl HeldStore {
             bytes: Mutex::new(vec![0; SIZE]),
             held: Mutex::new(Vec::new()),
             reads: AtomicU64::new(0),
+            in_device: Arc::default(),
+            promoted: Mutex::new(Vec::new()),
         })
     }
 
@@ -53,10 +58,17 @@ impl Store for HeldStore {
         &self.info
     }
 
-    fn submit(&self, _class: IoClass, op: DeviceOp, done: Completion) {
+    fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
         match op {
             DeviceOp::Read { offset, mut buf } => {
                 self.reads.fetch_add(1, Ordering::Relaxed);
+                let entry = (offset, buf.len() as u64, class);
+                self.in_device.lock().unwrap().push(entry);
+                let in_device = Arc::clone(&self.in_device);
+                let done: Completion = Box::new(move |outcome| {
+                    in_device.lock().unwrap().retain(|e| *e != entry);
+                    done(outcome)
+                });
                 let at = offset as usize;
                 let len = buf.len();
                 buf.as_mut_slice()
@@ -80,6 +92,10 @@ impl Store for HeldStore {
             }
             DeviceOp::Flush => done(Outcome::done(Ok(()))),
         }
+    }
+
+    fn promote(&self, offset: u64, length: u64) {
+        self.promoted.lock().unwrap().push((offset, length));
     }
 
     fn extents(&self, _offset: u64, length: u64, _max: usize) -> io::Result<Vec<Extent>> {
@@ -210,4 +226,24 @@ fn reads_never_return_bytes_older_than_an_answered_write() {
         drop(store);
         assert_eq!(budget.held_bytes(), 0, "seed {seed}: memory held by no one");
     }
+}
+
+#[test]
+fn on_a_disk_a_stream_keeps_one_read_ahead_in_the_device_and_a_waiting_reader_promotes_it() {
+    let held = HeldStore::new();
+    let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(64 << 20)));
+    let mut rng = Rng::new(5);
+    let length = 64 << 10;
+    for i in 0..96 {
+        read(&store, &held, &mut rng, i * length, length);
+        let in_device = held.in_device.lock().unwrap();
+        let read_ahead = in_device.iter().filter(|(_, len, _)| *len > length).count();
+        assert!(read_ahead <= 1, "read {i}: {in_device:?}");
+    }
+    let promoted = held.promoted.lock().unwrap();
+    assert!(!promoted.is_empty(), "readers waited for read-ahead");
+    assert!(
+        promoted.iter().all(|(_, len)| *len > length),
+        "what is promoted is read-ahead: {promoted:?}"
+    );
 }
