@@ -16,6 +16,7 @@ pub mod mirror_reads;
 pub mod nbd_client;
 pub mod overhead;
 pub mod plot;
+pub mod readahead;
 pub mod real;
 pub mod report;
 pub mod scenarios;

@@ -30,6 +30,8 @@ pub enum BenchCommand {
     Scheduler(ScenarioArgs),
     /// Every mirror read policy on NVMe + SSD, equal NVMe, HDD and a copy that slows down (sim).
     MirrorReads(ScenarioArgs),
+    /// Readahead off and on for readers on each device model (virtual time; real time: bench/readahead.sh).
+    Readahead(ScenarioArgs),
     /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
     QueueOverhead(OverheadArgs),
     /// Draw a saved JSON report's latency histograms again, as a PNG beside it.
@@ -133,6 +135,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::MirrorReads(args) => {
             scenario(args, 10.0, crate::bench::mirror_reads::mirror_reads)
         }
+        BenchCommand::Readahead(args) => scenario(args, 5.0, crate::bench::readahead::readahead),
         BenchCommand::QueueOverhead(args) => {
             print!("{}", crate::bench::overhead::run(args.ios)?);
             let rerun: Vec<String> = std::env::args().collect();
