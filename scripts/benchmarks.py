@@ -33,6 +33,7 @@ SCENARIOS = {  # name: (weir bench arguments, what it shows)
                   "the device queue's modes with a scrub beside random readers on HDD, SSD and NVMe mirrors"),
     "mirror-reads": (["mirror-reads"], "the mirror read policies on mixed, equal and slowing copies"),
     "scrub-vs-randread": (["scrub-vs-randread"], "a sequential scrub starving random reads on one HDD (fifo)"),
+    "readahead": (["readahead"], "readers of every kind on HDD, SSD and NVMe models with readahead off and on"),
     "writeback-vs-randread": (["writeback-vs-randread"],
                               "a 1 MiB writer beside a 4 KiB random reader through the write-back cache, "
                               "under no throttle, Linux wbt and weir's adaptive queue, on HDD, SSD and NVMe"),
@@ -221,7 +222,8 @@ def write(path, parts):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    everything = "peers,pool,pool-scaling,cache,readahead,writeback-matrix," + ",".join(SCENARIOS)
+    everything = ",".join(dict.fromkeys(
+        ["peers", "pool", "pool-scaling", "cache", "readahead", "writeback-matrix", *SCENARIOS]))
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
