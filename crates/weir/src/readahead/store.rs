@@ -21,6 +21,8 @@ use crate::metrics::ReadaheadReport;
 use crate::pool::{Store, StoreInfo};
 use crate::sched::IoClass;
 
+/// On flash, read-ahead goes in reads of this many client requests.
+const PIECE_REQUESTS: u64 = 4;
 /// One stream holds at most this share of the server's read-ahead memory.
 const STREAM_BUDGET_SHARE: u64 = 8;
 
@@ -87,24 +89,28 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 }
 
 impl State {
-    /// Whether a stream's new read-ahead goes now. On a disk a stream
-    /// has one in the device at a time, and the next waits for it to
-    /// land: a second, at the blocks right after the first, is what the
-    /// drive serves next whatever else waits (it is the cheapest to
-    /// reach), so another stream's or a random reader's read would wait
-    /// for the drive's own age limit, seconds.
-    fn gate(&mut self, fetch: (u64, Plan), one_at_a_time: bool) -> Option<(u64, Plan)> {
+    /// Which of a stream's new read-aheads go now: all of them, or on a
+    /// disk one at a time per stream, the next when the last lands. A
+    /// second, at the blocks right after the first, is what the drive
+    /// serves next whatever else waits (it is the cheapest to reach), so
+    /// another stream's or a random reader's read would wait for the
+    /// drive's own age limit, seconds.
+    fn gate(&mut self, pieces: Vec<(u64, Plan)>, one_at_a_time: bool) -> Vec<(u64, Plan)> {
         if !one_at_a_time {
-            return Some(fetch);
+            return pieces;
         }
-        let stream = fetch.1.stream;
-        let sent = self.sent.entry(stream).or_insert(0);
-        if *sent == 0 {
-            *sent += 1;
-            return Some(fetch);
+        let mut now = Vec::new();
+        for piece in pieces {
+            let stream = piece.1.stream;
+            let sent = self.sent.entry(stream).or_insert(0);
+            if *sent == 0 {
+                *sent += 1;
+                now.push(piece);
+            } else {
+                self.held.entry(stream).or_default().push_back(piece);
+            }
         }
-        self.held.entry(stream).or_default().push_back(fetch);
-        None
+        now
     }
 
     /// A read-ahead of `stream` is back: its next held one, if any, goes.
@@ -277,9 +283,15 @@ impl ReadaheadStore {
                 me.state().streams.answered(stream);
                 client(outcome);
             });
-            let read_ahead = plan
-                .map(|plan| self.register(&mut state, plan))
-                .and_then(|read_ahead| state.gate(read_ahead, info.rotational));
+            let piece_bytes = if info.rotational {
+                u64::MAX
+            } else {
+                PIECE_REQUESTS * length.max(u64::from(info.block_bytes))
+            };
+            let read_ahead = plan.map_or_else(Vec::new, |plan| {
+                let pieces = self.register(&mut state, plan, piece_bytes);
+                state.gate(pieces, info.rotational)
+            });
             let end = offset + length;
             let hit = state.take_from_segments(offset, &mut buf);
             let answered = if hit {
@@ -299,8 +311,8 @@ impl ReadaheadStore {
                     self.inner.promote(start, length);
                 }
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                if let Some(read_ahead) = read_ahead {
-                    self.fetch(read_ahead);
+                for piece in read_ahead {
+                    self.fetch(piece);
                 }
                 return;
             } else {
@@ -323,33 +335,51 @@ impl ReadaheadStore {
                     .submit(IoClass::SyncRead, DeviceOp::Read { offset, buf }, done);
             }
         }
-        if let Some(read_ahead) = read_ahead {
-            self.fetch(read_ahead);
+        for piece in read_ahead {
+            self.fetch(piece);
         }
     }
 
-    /// Note a planned read-ahead as in flight, as one device read: a
-    /// disk serves it with one seek, and a drive that overlaps reads
-    /// splits it across its channels itself, where several smaller reads
-    /// of one window sent together were reordered by a disk (a rotation
-    /// lost per read) and interleaved with the next stream's. Returns its
-    /// id and range.
-    fn register(&self, state: &mut State, plan: Plan) -> (u64, Plan) {
-        state.next_id += 1;
-        let id = state.next_id;
-        let stale = state.write_in_flight_over(plan.start, plan.end);
-        state.fetches.insert(
-            id,
-            Fetch {
-                start: plan.start,
-                end: plan.end,
-                stream: plan.stream,
-                stale,
-                urgent: plan.urgent,
-                waiting: Vec::new(),
-            },
-        );
-        (id, plan)
+    /// Note a planned read-ahead as in flight: on a disk as one device
+    /// read, which it serves with one seek, where several reads of one
+    /// window sent together were reordered (a rotation lost per read) and
+    /// interleaved with the next stream's; on flash in reads of
+    /// `piece_bytes`, which the drive serves side by side and between
+    /// which other readers' reads find their turn. Returns each read's id
+    /// and range.
+    fn register(&self, state: &mut State, plan: Plan, piece_bytes: u64) -> Vec<(u64, Plan)> {
+        let mut pieces = Vec::new();
+        let mut start = plan.start;
+        while start < plan.end {
+            let end = start.saturating_add(piece_bytes).min(plan.end);
+            state.next_id += 1;
+            let id = state.next_id;
+            // The reader waits for the start of an urgent plan.
+            let urgent = plan.urgent && start == plan.start;
+            let stale = state.write_in_flight_over(start, end);
+            state.fetches.insert(
+                id,
+                Fetch {
+                    start,
+                    end,
+                    stream: plan.stream,
+                    stale,
+                    urgent,
+                    waiting: Vec::new(),
+                },
+            );
+            pieces.push((
+                id,
+                Plan {
+                    start,
+                    end,
+                    urgent,
+                    ..plan
+                },
+            ));
+            start = end;
+        }
+        pieces
     }
 
     fn fetch(&self, (id, plan): (u64, Plan)) {
