@@ -43,22 +43,40 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
         format!("name={name},rw={rw},bs={bs},qd=1,offset={at},size={HALF}")
     };
     vec![
-        ("randread-4k-qd1", vec!["name=a,rw=randread,bs=4k,qd=1".into()]),
-        ("randread-4k-qd8", vec!["name=a,rw=randread,bs=4k,qd=8".into()]),
-        ("randread-64k-qd1", vec!["name=a,rw=randread,bs=64k,qd=1".into()]),
+        (
+            "randread-4k-qd1",
+            vec!["name=a,rw=randread,bs=4k,qd=1".into()],
+        ),
+        (
+            "randread-4k-qd8",
+            vec!["name=a,rw=randread,bs=4k,qd=8".into()],
+        ),
+        (
+            "randread-64k-qd1",
+            vec!["name=a,rw=randread,bs=64k,qd=1".into()],
+        ),
         ("read-4k-qd1", vec!["name=a,rw=read,bs=4k,qd=1".into()]),
         ("read-128k-qd1", vec!["name=a,rw=read,bs=128k,qd=1".into()]),
         ("read-64k-qd2", vec!["name=a,rw=read,bs=64k,qd=2".into()]),
         ("read-1m-qd8", vec!["name=a,rw=read,bs=1m,qd=8".into()]),
-        ("read-128k-qd1-think-1ms", vec!["name=a,rw=read,bs=128k,qd=1,think=1ms".into()]),
+        (
+            "read-128k-qd1-think-1ms",
+            vec!["name=a,rw=read,bs=128k,qd=1,think=1ms".into()],
+        ),
         ("stream-64k-qd1", vec![half("a", "read", "64k", "0")]),
         (
             "two-streams-64k-qd1",
-            vec![half("a", "read", "64k", "0"), half("b", "read", "64k", HALF)],
+            vec![
+                half("a", "read", "64k", "0"),
+                half("b", "read", "64k", HALF),
+            ],
         ),
         (
             "stream-64k-qd1+randread-4k-qd1",
-            vec![half("a", "read", "64k", "0"), half("b", "randread", "4k", HALF)],
+            vec![
+                half("a", "read", "64k", "0"),
+                half("b", "randread", "4k", HALF),
+            ],
         ),
     ]
 }
@@ -114,7 +132,11 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
         let mut region_mb = Vec::new();
         for at in ["0", HALF] {
             let job = format!("name=a,rw=read,bs=1m,qd=8,offset={at},size={HALF}");
-            region_mb.push(total_mb(&run(format!("{name}-seq-1m-qd8-at-{at}"), false, &[job])?));
+            region_mb.push(total_mb(&run(
+                format!("{name}-seq-1m-qd8-at-{at}"),
+                false,
+                &[job],
+            )?));
         }
         let both_halves_mb = region_mb.iter().sum::<f64>() / 2.0;
         for (reader, texts) in readers() {
@@ -123,7 +145,11 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             let ratio = total_mb(&on) / total_mb(&off).max(1e-9);
             let bytes = device_bytes(&on, seconds) / device_bytes(&off, seconds).max(1.0);
             let p99 = |run: &Run| {
-                let worst = run.streams.iter().map(|s| s.latency_us.p99).fold(0.0, f64::max);
+                let worst = run
+                    .streams
+                    .iter()
+                    .map(|s| s.latency_us.p99)
+                    .fold(0.0, f64::max);
                 format!("{:.0} us", worst)
             };
             let per_stream: Vec<String> = on
@@ -145,7 +171,16 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
                 p99(&off),
                 p99(&on),
             );
-            check(&mut checks, name, reader, &off, &on, bytes, &region_mb, both_halves_mb);
+            check(
+                &mut checks,
+                name,
+                reader,
+                &off,
+                &on,
+                bytes,
+                &region_mb,
+                both_halves_mb,
+            );
         }
     }
     let _ = writeln!(

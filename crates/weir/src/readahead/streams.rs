@@ -160,13 +160,15 @@ impl Streams {
         stream.reads += 1;
         stream.outstanding += 1;
         let id = stream.id;
+        // The frontier follows every read, so that a stream read at depth
+        // is not left behind where a later reader would take it up.
+        stream.frontier = stream.frontier.max(end);
         // A client that keeps several reads of the stream in flight drives
         // the device as deep as it likes: reading ahead would only add a
         // wait (and a copy) between it and the device.
         if stream.outstanding > 1 {
             return (id, None);
         }
-        stream.frontier = stream.frontier.max(end);
         let urgent = stream.ahead_end <= stream.frontier;
         stream.ahead_end = stream.ahead_end.max(stream.frontier);
         if stream.window == 0 {
@@ -395,6 +397,33 @@ mod tests {
                 streams.answered(outstanding.remove(0));
             }
         }
+    }
+
+    #[test]
+    fn a_stream_read_at_depth_keeps_its_frontier_with_its_reads() {
+        let mut streams = Streams::default();
+        let length = 1 << 20;
+        let mut outstanding = Vec::new();
+        for i in 0..64 {
+            let (stream, _) = streams.on_read(i * length, length, MAX, 4096, SIZE, i);
+            outstanding.push(stream);
+            if outstanding.len() == 8 {
+                streams.answered(outstanding.remove(0));
+            }
+        }
+        for stream in outstanding {
+            streams.answered(stream);
+        }
+        // A new reader at the start of what was read is a stream of its
+        // own, not the deep one's from where it began.
+        let (first, _) = streams.on_read(0, 64 << 10, MAX, 4096, SIZE, 100);
+        assert_eq!(
+            streams.window_at(64 * length),
+            Some(0),
+            "the deep stream's frontier"
+        );
+        streams.answered(first);
+        assert_eq!(streams.streams.len(), 2);
     }
 
     #[test]

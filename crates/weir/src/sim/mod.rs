@@ -594,7 +594,7 @@ impl Simulation {
                     cache.read_sent(part, device_index, now);
                 }
             }
-            let device = &mut self.devices[device_index];
+            let device = &self.devices[device_index];
             let faults = &device.spec.faults;
             if kind == IoKind::Read && faults.read_fails(at, length) {
                 self.pending.get_mut(&id).expect("just added").fails = true;
@@ -605,18 +605,21 @@ impl Simulation {
                     .push(Reverse((now + VANISHED_FAILURE_NS, part)));
                 continue;
             }
-            device.queue.enqueue(
-                QueuedIo {
-                    id: part,
-                    class,
-                    offset: at,
-                    length,
-                    write: kind == IoKind::Write,
-                },
-                now,
-            );
-            self.dispatch(device_index, now);
+            let io = QueuedIo {
+                id: part,
+                class,
+                offset: at,
+                length,
+                write: kind == IoKind::Write,
+            };
+            self.send_part(device_index, io, now);
         }
+    }
+
+    /// Queue one copy's I/O on its device and send what the queue lets go.
+    fn send_part(&mut self, device: usize, io: QueuedIo, now: Nanos) {
+        self.devices[device].queue.enqueue(io, now);
+        self.dispatch(device, now);
     }
 
     fn count_read(&mut self, job: usize, device: usize, now: Nanos) {

@@ -296,22 +296,19 @@ impl Simulation {
             if let Some(choice) = choice {
                 self.choices.insert(part, (choice, now));
             }
-            let device = &mut self.devices[device_index];
+            let device = &self.devices[device_index];
             if kind == IoKind::Read && device.spec.faults.read_fails(at, length) {
                 let ra = self.readahead.as_mut().expect("readahead is on");
                 ra.ios.get_mut(&io).expect("just added").fails = true;
             }
-            device.queue.enqueue(
-                QueuedIo {
-                    id: part,
-                    class,
-                    offset: at,
-                    length,
-                    write: kind == IoKind::Write,
-                },
-                now,
-            );
-            self.dispatch(device_index, now);
+            let io = QueuedIo {
+                id: part,
+                class,
+                offset: at,
+                length,
+                write: kind == IoKind::Write,
+            };
+            self.send_part(device_index, io, now);
         }
     }
 
