@@ -170,7 +170,9 @@ engine runs random and sequential readers on it; a libnbd client runs two
 64 KiB QD1 sequential streams, each sending its requests round-robin over four
 connections. Rounds alternate off and on; the table gives the medians and the
 range of the per-round ratios, since in real time on a shared machine a cell
-can move by a third between identical runs."""))
+can move by a third between identical runs. The streams run last, on the
+server the fio jobs used. The same readers and more, in virtual time where
+a run repeats exactly: `weir bench readahead` in [scenarios.md](scenarios.md)."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
