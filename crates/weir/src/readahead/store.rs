@@ -8,7 +8,7 @@
 //! (it may hold the bytes from before). Reads waiting on it then go to the
 //! store themselves.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -78,8 +78,8 @@ struct State {
     writes: BTreeMap<u64, WriteInFlight>,
     /// Per stream, on a disk: read-aheads in the device, and those held
     /// back until it is served (see `gate`).
-    sent: std::collections::HashMap<u64, u32>,
-    held: std::collections::HashMap<u64, std::collections::VecDeque<(u64, Plan)>>,
+    sent: HashMap<u64, u32>,
+    held: HashMap<u64, VecDeque<(u64, Plan)>>,
     next_id: u64,
     clock: u64,
 }
@@ -293,8 +293,7 @@ impl ReadaheadStore {
                 state.gate(pieces, info.rotational)
             });
             let end = offset + length;
-            let hit = state.take_from_segments(offset, &mut buf);
-            let answered = if hit {
+            let answered = if state.take_from_segments(offset, &mut buf) {
                 Ok(buf)
             } else if let Some(fetch) = state
                 .fetches

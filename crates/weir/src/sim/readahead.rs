@@ -14,7 +14,7 @@
 //! no call re-enters the store.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,7 +103,7 @@ pub(super) struct SimReadahead {
     /// Device part -> its store I/O.
     parts: HashMap<u64, u64>,
     /// Requests answered from read-ahead data, each held for its copy.
-    hits: std::collections::HashSet<u64>,
+    hits: HashSet<u64>,
     /// Answers waiting out that copy: (when, request, succeeded).
     replies: BinaryHeap<Reverse<(Nanos, u64, bool)>>,
     device_read_bytes: u64,
