@@ -29,6 +29,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+mod range_union;
+
+use range_union::RangeUnion;
+
 /// The bytes of one cached write, shared by the pieces cut from it and by
 /// reads and writebacks that copy from it.
 pub trait Bytes: Send + Sync {
@@ -148,6 +152,16 @@ pub struct DirtyMap<F, D> {
     writeback_bytes_in_flight: u64,
     flushes: VecDeque<(u64, F)>,
     directs: VecDeque<DirectWait<D>>,
+    /// The first `directs_checked` direct ops were found blocked when
+    /// [`ready`](Self::ready) last looked, and `directs_blocked` covers
+    /// their ranges. They are looked at again only after something that
+    /// can unblock one touched that union (a store op in their range
+    /// completed, or a write replaced older bytes there): with hundreds
+    /// of writes past the budget waiting, checking all of them on every
+    /// request cost more CPU than the writes.
+    directs_checked: usize,
+    directs_blocked: RangeUnion,
+    recheck_directs: bool,
     dirty_bytes: u64,
     /// Pieces older than this may be written back without pressure.
     settled_gen: u64,
@@ -173,6 +187,9 @@ impl<F, D> Default for DirtyMap<F, D> {
             writeback_bytes_in_flight: 0,
             flushes: VecDeque::new(),
             directs: VecDeque::new(),
+            directs_checked: 0,
+            directs_blocked: RangeUnion::default(),
+            recheck_directs: false,
             dirty_bytes: 0,
             settled_gen: 0,
             cursor: 0,
@@ -226,6 +243,7 @@ impl<F, D> DirtyMap<F, D> {
     fn remove_in_flight(&mut self, id: u64) -> (u64, InFlight) {
         let start = self.in_flight_starts.remove(&id).expect("op in flight");
         let flight = self.in_flight.remove(&(start, id)).expect("op in flight");
+        self.note_change(start, flight.end);
         if flight.oldest.is_some() {
             self.writebacks_in_flight -= 1;
             self.writeback_bytes_in_flight -= flight.end - start;
@@ -257,6 +275,14 @@ impl<F, D> DirtyMap<F, D> {
         let piece = self.pieces.remove(&key).expect("piece listed");
         self.index_idle(key, piece.gen, piece.oldest, false);
         piece
+    }
+
+    /// Something in `[start, end)` that may have blocked a waiting direct
+    /// op is gone.
+    fn note_change(&mut self, start: u64, end: u64) {
+        if self.directs_blocked.overlaps(start, end) {
+            self.recheck_directs = true;
+        }
     }
 
     fn add_obligation(&mut self, gen: u64) {
@@ -326,6 +352,9 @@ impl<F, D> DirtyMap<F, D> {
         let end = start + data.bytes().len() as u64;
         let gen = self.take_gen();
         let replaced = self.cut(start, end);
+        if !replaced.is_empty() {
+            self.note_change(start, end);
+        }
         let mut covered = start;
         let mut new_parts = Vec::new();
         for (at, old) in replaced {
@@ -466,10 +495,16 @@ impl<F, D> DirtyMap<F, D> {
     /// overlapping is in flight, and no waiting direct op older than it
     /// overlaps it.
     fn may_write(&self, start: u64, end: u64, gen: u64) -> bool {
+        // Only the unchecked direct ops can overlap outside the union.
+        let from = if self.directs_blocked.overlaps(start, end) {
+            0
+        } else {
+            self.directs_checked
+        };
         !self.in_flight_overlaps(start, end)
             && !self
                 .directs
-                .iter()
+                .range(from..)
                 .any(|d| d.gen < gen && overlaps(d.start, d.end, start, end))
     }
 
@@ -652,16 +687,20 @@ impl<F, D> DirtyMap<F, D> {
             flushes.push(self.flushes.pop_front().expect("checked").1);
         }
         let mut directs = Vec::new();
-        let mut index = 0;
+        let mut index = if self.recheck_directs {
+            self.directs_blocked.clear();
+            0
+        } else {
+            self.directs_checked
+        };
+        // `directs_blocked` covers the ops before `index`, all still
+        // waiting: an op overlapping one of them must follow it.
         while index < self.directs.len() {
             let d = &self.directs[index];
             let older_piece = self.spans_with_gen(d.start, d.end).any(|gen| gen < d.gen);
-            let older_direct = self
-                .directs
-                .iter()
-                .take(index)
-                .any(|e| overlaps(e.start, e.end, d.start, d.end));
+            let older_direct = self.directs_blocked.overlaps(d.start, d.end);
             if older_piece || older_direct || self.in_flight_overlaps(d.start, d.end) {
+                self.directs_blocked.insert(d.start, d.end);
                 index += 1;
                 continue;
             }
@@ -671,6 +710,8 @@ impl<F, D> DirtyMap<F, D> {
             self.add_in_flight(id, d.start, d.end, None);
             directs.push((id, d.token));
         }
+        self.directs_checked = self.directs.len();
+        self.recheck_directs = false;
         Ready { flushes, directs }
     }
 
@@ -732,6 +773,8 @@ impl<F, D> DirtyMap<F, D> {
     pub fn take_waiting(&mut self) -> (Vec<F>, Vec<D>) {
         let flushes = self.flushes.drain(..).map(|(_, f)| f).collect();
         let directs = self.directs.drain(..).map(|d| d.token).collect();
+        self.directs_checked = 0;
+        self.directs_blocked.clear();
         (flushes, directs)
     }
 
