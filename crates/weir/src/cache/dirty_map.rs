@@ -537,22 +537,28 @@ impl<F, D> DirtyMap<F, D> {
             }
             true
         };
-        let mut for_directs: Vec<(u64, bool)> = Vec::new();
-        for d in self.directs.iter_mut().filter(|d| !d.ahead_started) {
-            let before = for_directs.len();
-            for_directs.extend(
-                self.pieces
-                    .range(..d.end)
-                    .rev()
-                    .take_while(|(_, p)| p.end > d.start)
-                    .filter(|(_, p)| p.writing.is_none() && p.gen < d.gen)
-                    .map(|(k, _)| (*k, d.urgent)),
-            );
-            d.ahead_started = for_directs.len() == before;
+        if runs == 0 || bytes == 0 {
+            return out;
         }
-        for (key, urgent) in for_directs {
-            if !take(self, &mut out, key, urgent) {
-                return out;
+        for index in 0..self.directs.len() {
+            let d = &self.directs[index];
+            if d.ahead_started {
+                continue;
+            }
+            let (gen, urgent) = (d.gen, d.urgent);
+            let ahead: Vec<u64> = self
+                .pieces
+                .range(..d.end)
+                .rev()
+                .take_while(|(_, p)| p.end > d.start)
+                .filter(|(_, p)| p.writing.is_none() && p.gen < gen)
+                .map(|(k, _)| *k)
+                .collect();
+            self.directs[index].ahead_started = ahead.is_empty();
+            for key in ahead {
+                if !take(self, &mut out, key, urgent) {
+                    return out;
+                }
             }
         }
         if let Some(flush_gen) = self.flushes.back().map(|(gen, _)| *gen) {
