@@ -3,9 +3,13 @@
 //! O_DIRECT needs the memory address aligned too, so every buffer starts on
 //! a 4 KiB boundary. Large aligned allocations are expensive (fresh pages
 //! fault in one by one), so freed buffers go back to a per-size-class free
-//! list. All lists together keep at most `POOL_BYTES_MAX` bytes: the free
-//! lists are memory no budget accounts for, so they stay small beside the
-//! write-back cache's dirty budget however many size classes are in use.
+//! list. The lists are memory no budget accounts for, so together they
+//! keep at most half of the bytes that buffers in use hold (and at least
+//! `POOL_BYTES_FLOOR`): in proportion to the working set, which the
+//! dirty budget, the read-ahead budget and the queues' depths bound.
+//! A fixed 16 MiB bound let a mirror pool taking 128 KiB writes from many
+//! connections free and fault in fresh pages for most buffers: zeroing
+//! them took a sixth of the server's CPU time.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -19,10 +23,17 @@ pub const BUF_ALIGN_BYTES: usize = 4096;
 const CLASS_MIN_SHIFT: u32 = 12; // 4 KiB
 const CLASS_MAX_SHIFT: u32 = 26; // 64 MiB
 const CLASS_COUNT: usize = (CLASS_MAX_SHIFT - CLASS_MIN_SHIFT + 1) as usize;
-const POOL_BYTES_MAX: usize = 16 << 20;
+const POOL_BYTES_FLOOR: usize = 16 << 20;
 
 /// Bytes held by all free lists together.
 static POOL_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Bytes held by buffers in use.
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many bytes the free lists may hold now.
+fn pool_bytes_max() -> usize {
+    (LIVE_BYTES.load(Ordering::Relaxed) / 2).max(POOL_BYTES_FLOOR)
+}
 
 struct FreeList {
     buffers: Vec<NonNull<u8>>,
@@ -73,9 +84,11 @@ impl AlignedBuf {
         if let Some(class) = class {
             if let Some(ptr) = POOL[class].lock().buffers.pop() {
                 POOL_BYTES.fetch_sub(capacity, Ordering::Relaxed);
+                LIVE_BYTES.fetch_add(capacity, Ordering::Relaxed);
                 return AlignedBuf { ptr, capacity, len };
             }
         }
+        LIVE_BYTES.fetch_add(capacity, Ordering::Relaxed);
         let layout = Layout::from_size_align(capacity, BUF_ALIGN_BYTES).expect("buffer layout");
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -115,9 +128,10 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        LIVE_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
         if let Some(class) = class_of(self.capacity).filter(|c| class_bytes(*c) == self.capacity) {
             let reserved = POOL_BYTES.fetch_add(self.capacity, Ordering::Relaxed);
-            if reserved + self.capacity <= POOL_BYTES_MAX {
+            if reserved + self.capacity <= pool_bytes_max() {
                 POOL[class].lock().buffers.push(self.ptr);
                 return;
             }
@@ -160,18 +174,26 @@ mod tests {
     }
 
     #[test]
-    fn free_lists_together_stay_within_their_bound() {
+    fn free_lists_hold_at_most_half_the_bytes_in_use() {
         let sizes = [1 << 20, 2 << 20, 4 << 20, 8 << 20];
         let held: Vec<AlignedBuf> = (0..64)
             .map(|i| AlignedBuf::new(sizes[i % sizes.len()]))
             .collect();
+        let live = LIVE_BYTES.load(Ordering::Relaxed);
+        assert!(live >= 240 << 20, "the buffers held count as live");
         drop(held);
         let listed: usize = POOL
             .iter()
             .enumerate()
             .map(|(class, list)| list.lock().buffers.len() * class_bytes(class))
             .sum();
-        assert!(listed <= POOL_BYTES_MAX, "{listed} bytes in free lists");
-        assert!(POOL_BYTES.load(Ordering::Relaxed) <= POOL_BYTES_MAX);
+        // Other tests run in parallel and may hold or free buffers of
+        // their own meanwhile: a few MiB of slack for them.
+        let bound = (live / 2).max(POOL_BYTES_FLOOR) + (8 << 20);
+        assert!(
+            listed <= bound,
+            "{listed} bytes in free lists, bound {bound}"
+        );
+        assert!(listed < 240 << 20, "not every freed buffer is kept");
     }
 }
