@@ -148,6 +148,55 @@ fn a_direct_op_goes_after_older_bytes_and_before_newer_ones() {
 }
 
 #[test]
+fn waiting_direct_ops_move_exactly_when_what_blocks_them_goes() {
+    let mut map = Map::default();
+    // Three direct ops wait: one behind cached bytes, one behind it, and
+    // one behind bytes elsewhere.
+    map.write(0, data(1, 8));
+    map.write(100, data(2, 8));
+    map.direct(0, 4, false, 10);
+    map.direct(2, 6, false, 11);
+    map.direct(100, 104, false, 12);
+    // One that blocks on nothing goes at once, past those that wait.
+    map.direct(50, 54, false, 13);
+    let tokens = |ready: Ready<u32, u32>| ready.directs.iter().map(|d| d.1).collect::<Vec<_>>();
+    assert_eq!(tokens(map.ready()), vec![13]);
+    let runs = map.next_writebacks(8, u64::MAX, 1 << 20, false);
+    assert_eq!(runs.len(), 2, "the bytes ahead of both groups go out");
+    let first = runs.iter().find(|r| r.start == 0).expect("run at 0").id;
+    let second = runs.iter().find(|r| r.start == 100).expect("run at 100").id;
+    // The run elsewhere finishing moves only the op behind it.
+    map.writeback_done(second, true);
+    assert_eq!(tokens(map.ready()), vec![12]);
+    assert!(map.ready().directs.is_empty(), "nothing else changed");
+    // The first run finishing frees the op behind it; the one behind
+    // that op waits for it to be in the store, then goes.
+    map.writeback_done(first, true);
+    let ready = map.ready();
+    assert_eq!(
+        ready.directs.iter().map(|d| d.1).collect::<Vec<_>>(),
+        vec![10]
+    );
+    assert!(map.ready().directs.is_empty(), "overlaps the op in flight");
+    map.direct_done(ready.directs[0].0);
+    assert_eq!(tokens(map.ready()), vec![11]);
+    map.check_invariants();
+}
+
+#[test]
+fn a_newer_write_over_the_bytes_a_direct_op_waits_for_lets_it_go() {
+    let mut map = Map::default();
+    map.write(0, data(1, 8));
+    map.direct(0, 8, false, 7);
+    assert!(map.ready().directs.is_empty(), "older bytes first");
+    // Newer bytes replace the older ones: nothing older is left for the
+    // direct op to follow, and the newer bytes wait for it instead.
+    map.write(0, data(2, 8));
+    assert_eq!(map.ready().directs.len(), 1);
+    assert!(map.next_writebacks(8, u64::MAX, 1 << 20, true).is_empty());
+}
+
+#[test]
 fn a_failed_writeback_keeps_its_bytes_and_fails_the_map() {
     let mut map = Map::default();
     map.write(0, data(1, 4));
