@@ -12,7 +12,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
 use super::Charge;
-use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
+use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome, WriteBuf};
 use crate::metrics::CacheReport;
 use crate::pool::{Store, StoreInfo};
 use crate::sched::IoClass;
@@ -46,7 +46,7 @@ pub const RUN_BYTES_MAX: u64 = 1 << 20;
 
 /// A cached write's buffer, charged to the budget while it lives.
 struct CacheBytes {
-    buf: AlignedBuf,
+    buf: WriteBuf,
     _charge: Charge,
 }
 
@@ -153,7 +153,7 @@ impl CachedStore {
         );
     }
 
-    fn write(&self, offset: u64, buf: AlignedBuf, done: Completion) {
+    fn write(&self, offset: u64, buf: WriteBuf, done: Completion) {
         let length = buf.len() as u64;
         let budget = Arc::clone(self.flusher.budget());
         if budget.would_exceed(length) {
@@ -310,7 +310,7 @@ impl CachedStore {
         let me = self.me.upgrade().expect("a cache pumps while it lives");
         let op = DeviceOp::Write {
             offset: start,
-            buf,
+            buf: buf.into(),
             durable: false,
         };
         self.inner.submit(

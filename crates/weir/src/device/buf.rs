@@ -13,6 +13,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -150,6 +151,59 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// The bytes of a write, shared and read-only: the copies of a mirrored
+/// write and the pieces of a split one read the same memory instead of
+/// each copying it (two extra copies of every byte a mirror pool wrote
+/// in pieces were a third of its CPU time under many connections).
+#[derive(Clone)]
+pub struct WriteBuf {
+    buf: Arc<AlignedBuf>,
+    start: usize,
+    len: usize,
+}
+
+impl WriteBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf.as_slice()[self.start..self.start + self.len]
+    }
+
+    /// `len` bytes from `at` of these, sharing the memory. For O_DIRECT,
+    /// `at` keeps the alignment the device needs.
+    pub fn slice(&self, at: usize, len: usize) -> WriteBuf {
+        assert!(at + len <= self.len, "slice past the end of a write");
+        WriteBuf {
+            buf: Arc::clone(&self.buf),
+            start: self.start + at,
+            len,
+        }
+    }
+}
+
+impl From<AlignedBuf> for WriteBuf {
+    fn from(buf: AlignedBuf) -> WriteBuf {
+        let len = buf.len();
+        WriteBuf {
+            buf: Arc::new(buf),
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl std::fmt::Debug for WriteBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WriteBuf({} bytes)", self.len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +216,25 @@ mod tests {
             assert_eq!(buf.as_mut_ptr() as usize % BUF_ALIGN_BYTES, 0);
             assert!(buf.as_slice().iter().all(|b| *b == 0));
         }
+    }
+
+    #[test]
+    fn write_slices_share_the_bytes_and_free_them_with_the_last() {
+        let mut buf = AlignedBuf::new(3 * BUF_ALIGN_BYTES);
+        for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+            *b = (i / BUF_ALIGN_BYTES) as u8;
+        }
+        let whole = WriteBuf::from(buf);
+        let middle = whole.slice(BUF_ALIGN_BYTES, BUF_ALIGN_BYTES);
+        let last = middle.slice(0, 1).len() + whole.slice(2 * BUF_ALIGN_BYTES, 0).len();
+        assert_eq!(last, 1);
+        assert!(middle.as_slice().iter().all(|b| *b == 1));
+        assert_eq!(middle.as_slice().as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+        drop(whole);
+        assert!(
+            middle.as_slice().iter().all(|b| *b == 1),
+            "alive while sliced"
+        );
     }
 
     #[test]

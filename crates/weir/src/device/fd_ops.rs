@@ -103,7 +103,7 @@ pub(super) fn execute_blocking(fd: RawFd, op: &mut DeviceOp) -> io::Result<()> {
 /// Finish an op executed by an engine: hand the buffer back with the result.
 pub(super) fn outcome(op: DeviceOp, result: io::Result<()>) -> Outcome {
     let buf = match op {
-        DeviceOp::Read { buf, .. } | DeviceOp::Write { buf, .. } => Some(buf),
+        DeviceOp::Read { buf, .. } => Some(buf),
         _ => None,
     };
     Outcome {

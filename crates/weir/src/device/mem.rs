@@ -133,11 +133,7 @@ impl Pages {
             }
             DeviceOp::Write { offset, buf, .. } => {
                 self.write(offset, buf.as_slice());
-                Outcome {
-                    result: Ok(()),
-                    buf: Some(buf),
-                    hole: false,
-                }
+                Outcome::done(Ok(()))
             }
             DeviceOp::Flush => Outcome::done(Ok(())),
             DeviceOp::Discard { offset, length } | DeviceOp::WriteZeroes { offset, length, .. } => {
@@ -258,7 +254,7 @@ mod tests {
             &device,
             DeviceOp::Write {
                 offset: 60_000,
-                buf,
+                buf: buf.into(),
                 durable: false,
             },
         );
@@ -287,7 +283,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let op = DeviceOp::Write {
             offset: 4096,
-            buf,
+            buf: buf.into(),
             durable: false,
         };
         device.submit(
@@ -316,7 +312,7 @@ mod tests {
             &device,
             DeviceOp::Write {
                 offset: 0,
-                buf,
+                buf: buf.into(),
                 durable: false,
             },
         );

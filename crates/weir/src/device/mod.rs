@@ -22,7 +22,7 @@ pub(crate) mod workers;
 
 use std::io;
 
-pub use buf::AlignedBuf;
+pub use buf::{AlignedBuf, WriteBuf};
 pub use spec::{open, DeviceSpec, IoEngine};
 pub use uring::{without_thread_ring, ThreadRing};
 
@@ -47,7 +47,7 @@ pub enum DeviceOp {
     /// `durable`: the data must be on stable storage when `done` runs.
     Write {
         offset: u64,
-        buf: AlignedBuf,
+        buf: WriteBuf,
         durable: bool,
     },
     Flush,
@@ -69,9 +69,8 @@ impl DeviceOp {
     /// The byte range the op covers, for assertions and accounting.
     pub fn range(&self) -> (u64, u64) {
         match self {
-            DeviceOp::Read { offset, buf } | DeviceOp::Write { offset, buf, .. } => {
-                (*offset, buf.len() as u64)
-            }
+            DeviceOp::Read { offset, buf } => (*offset, buf.len() as u64),
+            DeviceOp::Write { offset, buf, .. } => (*offset, buf.len() as u64),
             DeviceOp::Flush => (0, 0),
             DeviceOp::Discard { offset, length } | DeviceOp::WriteZeroes { offset, length, .. } => {
                 (*offset, *length)

@@ -40,7 +40,7 @@ pub fn write_labels(device: &dyn Device, label: &Label, which: &[usize]) -> io::
         buf.as_mut_slice().copy_from_slice(&bytes);
         let op = DeviceOp::Write {
             offset: offsets[copy],
-            buf,
+            buf: buf.into(),
             durable: true,
         };
         run_sync(device, op).result?;

@@ -74,7 +74,7 @@ fn write_table(pool: &Imported, table: &VolumeTable) -> anyhow::Result<()> {
         buf.as_mut_slice().copy_from_slice(&bytes);
         let op = DeviceOp::Write {
             offset: regions.volume_table.0,
-            buf,
+            buf: buf.into(),
             durable: true,
         };
         run_sync(device.as_ref(), op)

@@ -322,18 +322,11 @@ fn piece_op(op: &DeviceOp, offset: u64, length: u64) -> DeviceOp {
             offset: start,
             buf,
             durable,
-        } => {
-            let at = (offset - start) as usize;
-            let mut piece = AlignedBuf::new(length as usize);
-            piece
-                .as_mut_slice()
-                .copy_from_slice(&buf.as_slice()[at..at + length as usize]);
-            DeviceOp::Write {
-                offset,
-                buf: piece,
-                durable: *durable,
-            }
-        }
+        } => DeviceOp::Write {
+            offset,
+            buf: buf.slice((offset - start) as usize, length as usize),
+            durable: *durable,
+        },
         _ => unreachable!("only reads and writes are queued"),
     }
 }
@@ -381,7 +374,7 @@ fn finish_pieces(shared: &Shared, held: Held) {
             }
             (Some(buf), true)
         }
-        DeviceOp::Write { buf, .. } => (Some(buf), false),
+        DeviceOp::Write { .. } => (None, false),
         _ => (None, false),
     };
     let result = pieces.error.map_or(Ok(()), Err);

@@ -201,7 +201,7 @@ impl Simulation {
         } else {
             let op = DeviceOp::Write {
                 offset,
-                buf: AlignedBuf::new(length as usize),
+                buf: AlignedBuf::new(length as usize).into(),
                 durable: false,
             };
             ra.store.submit(IoClass::SyncWrite, op, done);

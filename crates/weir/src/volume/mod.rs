@@ -65,7 +65,7 @@ fn zero_writes(store: &Arc<dyn Store>, start: u64, end: u64) -> Vec<chain::Step>
             Box::new(move |step_done| {
                 let op = DeviceOp::Write {
                     offset: at,
-                    buf: AlignedBuf::zeroed(length as usize),
+                    buf: AlignedBuf::zeroed(length as usize).into(),
                     durable: false,
                 };
                 store.submit(
@@ -176,7 +176,7 @@ impl Volume {
         if start == offset && end == offset + data.len() as u64 {
             let op = DeviceOp::Write {
                 offset,
-                buf: data,
+                buf: data.into(),
                 durable: fua,
             };
             self.locked_op(start, end, IoClass::SyncWrite, op)(done);
@@ -214,7 +214,7 @@ impl Volume {
                         patch.apply(&mut buf.as_mut_slice()[at..at + patch.len()]);
                         let write = DeviceOp::Write {
                             offset: start,
-                            buf,
+                            buf: buf.into(),
                             durable: fua,
                         };
                         let answer = Box::new(move |outcome: Outcome| {

@@ -12,7 +12,7 @@ struct MemStore {
     writes: AtomicU64,
     /// While set, writes wait in `held` until `release`.
     hold: AtomicBool,
-    held: Mutex<Vec<(u64, AlignedBuf, Completion)>>,
+    held: Mutex<Vec<(u64, WriteBuf, Completion)>>,
 }
 
 impl MemStore {
@@ -127,7 +127,7 @@ fn filled(value: u8, len: usize) -> AlignedBuf {
 fn write(cache: &CachedStore, offset: u64, value: u8, len: usize, durable: bool) -> io::Result<()> {
     let op = DeviceOp::Write {
         offset,
-        buf: filled(value, len),
+        buf: filled(value, len).into(),
         durable,
     };
     run(cache, IoClass::SyncWrite, op).result
@@ -228,7 +228,7 @@ fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
     let (tx, rx) = mpsc::channel();
     let op = DeviceOp::Write {
         offset: 0,
-        buf: filled(4, 256 << 10),
+        buf: filled(4, 256 << 10).into(),
         durable: false,
     };
     cache.submit(

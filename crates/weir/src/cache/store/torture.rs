@@ -262,7 +262,7 @@ impl Run {
             .push(format!("write {first}+{count} fua={fua}"));
         let op = DeviceOp::Write {
             offset: first * BLOCK as u64,
-            buf,
+            buf: buf.into(),
             durable: fua,
         };
         let outcome = self.run(IoClass::SyncWrite, op)?;

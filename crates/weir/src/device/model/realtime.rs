@@ -29,6 +29,7 @@ use crate::device::file::FileDevice;
 use crate::device::mem::MemDevice;
 use crate::device::{
     run_sync, AlignedBuf, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine, Outcome,
+    WriteBuf,
 };
 use crate::stats::LatencyStats;
 
@@ -286,7 +287,7 @@ impl Worker {
         );
     }
 
-    fn write(&mut self, offset: u64, buf: AlignedBuf, durable: bool, completion: Completion) {
+    fn write(&mut self, offset: u64, buf: WriteBuf, durable: bool, completion: Completion) {
         let length = buf.len() as u64;
         let target = self.faults.write_target(offset, length, self.size_bytes);
         if target != offset {
@@ -335,7 +336,7 @@ impl Worker {
                     self.store.as_ref(),
                     DeviceOp::Write {
                         offset,
-                        buf,
+                        buf: buf.into(),
                         durable: true,
                     },
                 );

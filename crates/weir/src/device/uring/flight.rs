@@ -79,8 +79,8 @@ impl Flight {
                 durable,
             } => {
                 let len = (buf.len() - progress) as u32;
-                // SAFETY: as above.
-                let ptr = unsafe { buf.as_mut_ptr().add(progress) };
+                // SAFETY: as above. The kernel only reads through it.
+                let ptr = unsafe { buf.as_slice().as_ptr().add(progress) };
                 let flags = if *durable { libc::RWF_DSYNC } else { 0 };
                 opcode::Write::new(fd, ptr, len)
                     .offset(*offset + progress as u64)
@@ -111,7 +111,8 @@ impl Flight {
             Err(io::Error::from_raw_os_error(-result))
         } else {
             let transfer_len = match &slot.op {
-                DeviceOp::Read { buf, .. } | DeviceOp::Write { buf, .. } => buf.len(),
+                DeviceOp::Read { buf, .. } => buf.len(),
+                DeviceOp::Write { buf, .. } => buf.len(),
                 _ => 0,
             };
             slot.progress += result as usize;

@@ -57,7 +57,7 @@ pub(super) fn write_op(offset: u64, bytes: &[u8], durable: bool) -> DeviceOp {
     buf.as_mut_slice().copy_from_slice(bytes);
     DeviceOp::Write {
         offset,
-        buf,
+        buf: buf.into(),
         durable,
     }
 }

@@ -190,7 +190,7 @@ impl PoolData {
                 buf.as_mut_slice().copy_from_slice(image.as_slice());
                 let op = DeviceOp::Write {
                     offset: attached.regions.dirty_log.0 + page * PAGE_BYTES,
-                    buf,
+                    buf: buf.into(),
                     durable,
                 };
                 let (pool, countdown, member) = (Arc::clone(self), Arc::clone(&countdown), *member);

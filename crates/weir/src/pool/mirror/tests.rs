@@ -127,7 +127,7 @@ fn the_log_write_a_write_needs_goes_in_that_write_s_class() {
         let mut buf = crate::device::AlignedBuf::new(data.len());
         buf.as_mut_slice().copy_from_slice(&data);
         let outcome =
-            super::io_ops::wait(|done| pool.write_submit(offset, buf, false, class, done));
+            super::io_ops::wait(|done| pool.write_submit(offset, buf.into(), false, class, done));
         outcome.result.expect("write");
     };
     let sync_before = ops_of(&pool, IoClass::SyncWrite);

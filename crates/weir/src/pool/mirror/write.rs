@@ -27,7 +27,7 @@ use super::io_ops::run_all;
 use super::io_ops::wait;
 use super::log_commit::{LogDone, LOG_BITS_PER_PAGE};
 use super::{PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
-use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
+use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome, WriteBuf};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
 use crate::range_lock::ShardedGuard;
@@ -116,7 +116,7 @@ impl PoolData {
     pub(super) fn write_submit(
         self: &Arc<Self>,
         logical: u64,
-        buf: AlignedBuf,
+        buf: WriteBuf,
         durable: bool,
         class: IoClass,
         done: Completion,
@@ -169,7 +169,7 @@ impl PoolData {
     ) -> io::Result<()> {
         let mut buf = AlignedBuf::new(data.len());
         buf.as_mut_slice().copy_from_slice(data);
-        wait(|done| self.write_submit(logical, buf, durable, class, done)).result
+        wait(|done| self.write_submit(logical, buf.into(), durable, class, done)).result
     }
 
     /// Set the log bits of the regions `pieces` touch. The ones that were
@@ -411,7 +411,7 @@ impl PoolData {
 
 impl WriteInFlight {
     /// With the blocks held: the log bits, then the data.
-    fn announce_then_submit(self, buf: AlignedBuf) {
+    fn announce_then_submit(self, buf: WriteBuf) {
         let newly = self.pool.log_before_write(&self.pieces);
         if newly.is_empty() {
             return self.submit(buf);
@@ -429,7 +429,7 @@ impl WriteInFlight {
     }
 
     /// Every copy's write at once; the last to complete finishes.
-    fn submit(self, buf: AlignedBuf) {
+    fn submit(self, buf: WriteBuf) {
         let pool = Arc::clone(&self.pool);
         let pieces = self.pieces.clone();
         let mut targets = Vec::new();
@@ -446,26 +446,12 @@ impl WriteInFlight {
             results: Vec::with_capacity(count),
             write: Some(self),
         }));
-        // The last copy of a one-piece write takes the client's buffer;
-        // the others get their own, as each device write owns its buffer.
-        // Every buffer is ready before the first write goes out, so that
-        // the copies' writes leave together.
-        let mut buf = Some(buf);
+        // Every copy's write reads the client's buffer, sharing it. Every
+        // write is ready before the first goes out, so that the copies'
+        // writes leave together.
         let mut writes = Vec::with_capacity(count);
-        for (k, (piece, member, attached)) in targets.into_iter().enumerate() {
-            let data = match buf.take() {
-                Some(whole) if pieces.len() == 1 && k + 1 == count => whole,
-                whole => {
-                    let source = whole.as_ref().expect("taken by the last copy only");
-                    let range =
-                        piece.range_offset as usize..(piece.range_offset + piece.length) as usize;
-                    let mut copy = AlignedBuf::new(piece.length as usize);
-                    copy.as_mut_slice()
-                        .copy_from_slice(&source.as_slice()[range]);
-                    buf = whole;
-                    copy
-                }
-            };
+        for (piece, member, attached) in targets {
+            let data = buf.slice(piece.range_offset as usize, piece.length as usize);
             let op = DeviceOp::Write {
                 offset: attached.regions.data.0 + piece.data_offset,
                 buf: data,

@@ -135,7 +135,7 @@ fn write(store: &ReadaheadStore, offset: u64, bytes: &[u8]) {
     buf.as_mut_slice().copy_from_slice(bytes);
     let op = DeviceOp::Write {
         offset,
-        buf,
+        buf: buf.into(),
         durable: false,
     };
     store.submit(

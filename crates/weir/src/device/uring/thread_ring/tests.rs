@@ -50,7 +50,7 @@ fn ops_complete_on_the_submitting_thread_with_their_data() {
             let tx = tx.clone();
             let op = DeviceOp::Write {
                 offset: i * 65536,
-                buf: filled(65536, i as u8 + 1),
+                buf: filled(65536, i as u8 + 1).into(),
                 durable: false,
             };
             device.submit(
@@ -223,7 +223,7 @@ fn held_ops_reach_the_device_and_complete_with_their_data() {
             let tx = tx.clone();
             let op = DeviceOp::Write {
                 offset: i * 4096,
-                buf: filled(4096, i as u8 + 1),
+                buf: filled(4096, i as u8 + 1).into(),
                 durable: false,
             };
             device.submit(op, Box::new(move |o| tx.send(o).unwrap()));

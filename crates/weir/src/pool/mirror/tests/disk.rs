@@ -328,7 +328,7 @@ impl Device for SimDisk {
                     };
                     Outcome {
                         result,
-                        buf: Some(buf),
+                        buf: None,
                         hole: false,
                     }
                 }
