@@ -29,6 +29,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
+use crate::device::WriteBuf;
+
 mod range_union;
 
 use range_union::RangeUnion;
@@ -37,6 +39,12 @@ use range_union::RangeUnion;
 /// reads and writebacks that copy from it.
 pub trait Bytes: Send + Sync {
     fn bytes(&self) -> &[u8];
+
+    /// The same bytes as a device write's buffer, where they can be
+    /// shared instead of copied.
+    fn write_buf(&self) -> Option<WriteBuf> {
+        None
+    }
 }
 
 #[derive(Clone)]

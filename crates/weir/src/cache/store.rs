@@ -31,10 +31,10 @@ pub const WRITEBACK_RUNS_MAX: usize = 64;
 const WRITEBACK_BUDGET_SHARE: u64 = 8;
 
 /// Writeback bytes in flight at once per volume under a budget of
-/// `limit_bytes`. Their copies are charged to the budget, but each is
-/// copied again beneath (once per mirror copy, and into pieces in the
-/// device queue), so they are also held to a share of the budget: memory
-/// stays proportional to the budget the operator set.
+/// `limit_bytes`. A run joined from several writes is a copy, charged to
+/// the budget; the bytes in flight are also held to a share of it, so
+/// that writeback never holds most of the budget and memory stays
+/// proportional to the budget the operator set.
 pub fn writeback_bytes_max(limit_bytes: u64) -> u64 {
     (limit_bytes / WRITEBACK_BUDGET_SHARE).clamp(RUN_BYTES_MAX, WRITEBACK_BYTES_MAX)
 }
@@ -54,6 +54,20 @@ impl Bytes for CacheBytes {
     fn bytes(&self) -> &[u8] {
         self.buf.as_slice()
     }
+
+    fn write_buf(&self) -> Option<WriteBuf> {
+        Some(self.buf.clone())
+    }
+}
+
+/// A run that is one cached write's bytes, shared rather than copied.
+fn shared_run(spans: &[Span], start: u64, end: u64) -> Option<WriteBuf> {
+    let [span] = spans else { return None };
+    if (span.start, span.end) != (start, end) {
+        return None;
+    }
+    let buf = span.data.write_buf()?;
+    Some(buf.slice(span.data_at, (end - start) as usize))
 }
 
 /// An op that goes to the store itself, in order with the cached data.
@@ -297,10 +311,17 @@ impl CachedStore {
             urgent,
         } = writeback;
         let length = end - start;
-        let mut buf = AlignedBuf::new(length as usize);
-        overlay(&spans, buf.as_mut_slice(), start);
+        // A run of several writes is joined into one buffer, charged to
+        // the budget while it lives; a run of one write's bytes shares them.
+        let (buf, charge) = match shared_run(&spans, start, end) {
+            Some(buf) => (buf, None),
+            None => {
+                let mut buf = AlignedBuf::new(length as usize);
+                overlay(&spans, buf.as_mut_slice(), start);
+                (buf.into(), Some(self.flusher.budget().charge(length)))
+            }
+        };
         drop(spans);
-        let charge = self.flusher.budget().charge(length);
         // A flush or a direct op waits on this one: a client is waiting.
         let class = if urgent {
             IoClass::SyncWrite
@@ -310,7 +331,7 @@ impl CachedStore {
         let me = self.me.upgrade().expect("a cache pumps while it lives");
         let op = DeviceOp::Write {
             offset: start,
-            buf: buf.into(),
+            buf,
             durable: false,
         };
         self.inner.submit(

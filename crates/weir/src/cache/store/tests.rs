@@ -221,14 +221,19 @@ fn a_failed_write_back_fails_every_later_flush_and_fua_but_reads_still_see_the_b
 fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
     let (store, cache, flusher) = setup(Some(1 << 20));
     store.hold.store(true, Ordering::SeqCst);
-    // Half the budget is dirty, so its write-back starts at once; its
-    // copy holds as much again while the store holds the write.
-    write(&cache, 0, 3, 512 << 10, false).unwrap();
+    // Three quarters of the budget are dirty, so their write-back starts
+    // at once (sharing the cached bytes) and the store holds it.
+    write(&cache, 0, 3, 768 << 10, false).unwrap();
     assert_eq!(store.held.lock().unwrap().len(), 1);
+    assert_eq!(
+        flusher.budget().used_bytes(),
+        768 << 10,
+        "a run of one write's bytes is not copied"
+    );
     let (tx, rx) = mpsc::channel();
     let op = DeviceOp::Write {
         offset: 0,
-        buf: filled(4, 256 << 10).into(),
+        buf: filled(4, 384 << 10).into(),
         durable: false,
     };
     cache.submit(
@@ -244,7 +249,7 @@ fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
     store.release();
     assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
     assert_eq!(store.at(0, 4096), vec![4; 4096], "written through, last");
-    assert_eq!(store.at(300 << 10, 4096), vec![3; 4096]);
+    assert_eq!(store.at(600 << 10, 4096), vec![3; 4096]);
     assert_eq!(cache.dirty_bytes(), 0);
     flusher.stop();
 }
