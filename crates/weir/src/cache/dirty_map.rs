@@ -166,7 +166,7 @@ pub struct DirtyMap<F, D> {
     /// can unblock one touched that union (a store op in their range
     /// completed, or a write replaced older bytes there): with hundreds
     /// of writes past the budget waiting, checking all of them on every
-    /// request cost more CPU than the writes.
+    /// request took a seventh of the server's CPU time.
     directs_checked: usize,
     directs_blocked: RangeUnion,
     recheck_directs: bool,

@@ -153,8 +153,8 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// The bytes of a write, shared and read-only: the copies of a mirrored
 /// write and the pieces of a split one read the same memory instead of
-/// each copying it (two extra copies of every byte a mirror pool wrote
-/// in pieces were a third of its CPU time under many connections).
+/// each copying it (a mirror pool taking 128 KiB writes from 32
+/// connections spent a quarter more CPU per GiB on those copies).
 #[derive(Clone)]
 pub struct WriteBuf {
     buf: Arc<AlignedBuf>,
@@ -219,17 +219,22 @@ mod tests {
     }
 
     #[test]
-    fn write_slices_share_the_bytes_and_free_them_with_the_last() {
+    fn write_slices_share_the_bytes_and_outlive_the_whole() {
         let mut buf = AlignedBuf::new(3 * BUF_ALIGN_BYTES);
         for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
             *b = (i / BUF_ALIGN_BYTES) as u8;
         }
         let whole = WriteBuf::from(buf);
         let middle = whole.slice(BUF_ALIGN_BYTES, BUF_ALIGN_BYTES);
-        let last = middle.slice(0, 1).len() + whole.slice(2 * BUF_ALIGN_BYTES, 0).len();
-        assert_eq!(last, 1);
+        assert_eq!(middle.len(), BUF_ALIGN_BYTES);
+        assert_eq!(
+            middle.as_slice().as_ptr(),
+            whole.as_slice()[BUF_ALIGN_BYTES..].as_ptr(),
+            "the same memory, not a copy"
+        );
         assert!(middle.as_slice().iter().all(|b| *b == 1));
-        assert_eq!(middle.as_slice().as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+        // A slice of a slice counts from the slice's own start.
+        assert_eq!(middle.slice(BUF_ALIGN_BYTES - 1, 1).as_slice(), [1]);
         drop(whole);
         assert!(
             middle.as_slice().iter().all(|b| *b == 1),
