@@ -154,7 +154,7 @@ impl std::fmt::Debug for AlignedBuf {
 /// The bytes of a write, shared and read-only: the copies of a mirrored
 /// write and the pieces of a split one read the same memory instead of
 /// each copying it (a mirror pool taking 128 KiB writes from 32
-/// connections spent a quarter more CPU per GiB on those copies).
+/// connections spent a quarter to a third more CPU per GiB with them).
 #[derive(Clone)]
 pub struct WriteBuf {
     buf: Arc<AlignedBuf>,
