@@ -23,8 +23,6 @@ use crate::sched::IoClass;
 
 /// On flash, read-ahead goes in reads of this many client requests.
 const PIECE_REQUESTS: u64 = 4;
-/// One stream holds at most this share of the server's read-ahead memory.
-const STREAM_BUDGET_SHARE: u64 = 8;
 
 /// Read-ahead counts for reports.
 #[derive(Debug, Default)]
@@ -199,21 +197,35 @@ impl State {
             .any(|w| overlaps((w.start, w.end), (start, end)))
     }
 
-    /// Make room for `bytes` under the budget, this volume's least
-    /// recently used first. Returns false if it cannot.
+    /// Make room for `bytes` under the budget: this volume's segments
+    /// already read first, then those still ahead of their readers, least
+    /// recently used first within each. A sequential reader seldom reads
+    /// again what it read, and what lies ahead of it is its next reads.
+    /// A stream whose data goes unread has its window halved once per
+    /// call, however many of its segments go. Returns false if it cannot.
     fn make_room(&mut self, bytes: u64, budget: &ReadaheadBudget, wasted: &mut u64) -> bool {
+        let mut thrashed = Vec::new();
         while budget.held_bytes() + bytes > budget.limit_bytes() {
-            let Some((&start, _)) = self.segments.iter().min_by_key(|(_, s)| s.last_use) else {
-                return false;
+            let Some((&start, _)) = self
+                .segments
+                .iter()
+                .min_by_key(|(_, s)| (!s.read, s.last_use))
+            else {
+                break;
             };
             let segment = self.segments.remove(&start).expect("found above");
             budget.release(segment.end - start);
             if !segment.read {
                 *wasted += segment.end - start;
-                self.streams.wasted(segment.stream);
+                if !thrashed.contains(&segment.stream) {
+                    thrashed.push(segment.stream);
+                }
             }
         }
-        true
+        for stream in thrashed {
+            self.streams.wasted(stream);
+        }
+        budget.held_bytes() + bytes <= budget.limit_bytes()
     }
 }
 
@@ -268,12 +280,14 @@ impl ReadaheadStore {
         let info = self.inner.info();
         let (read_ahead, answered, done) = {
             let mut state = self.state();
-            let window_max = self.budget.limit_bytes() / STREAM_BUDGET_SHARE;
+            // The whole bound: volumes that read ahead at once compete
+            // for it, least recently used first (`make_room`).
+            let memory = self.budget.limit_bytes();
             let now_ns = (self.clock)();
             let (stream, plan) = state.streams.on_read(
                 offset,
                 length,
-                window_max,
+                memory,
                 u64::from(info.block_bytes),
                 info.size_bytes,
                 now_ns,

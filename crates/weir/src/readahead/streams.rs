@@ -33,6 +33,16 @@ pub const FIRST_WINDOW_REQUESTS: u64 = 4;
 /// A window keeps doubling while the stream's rate over a window grew by
 /// at least this factor with the last doubling.
 const GROWTH_GAIN_MIN: f64 = 1.1;
+/// A doubling that brought at least this factor is followed by a
+/// quadrupling.
+const FAST_GROWTH_GAIN: f64 = 1.5;
+/// A stream read within this long counts as reading when the memory for
+/// windows is shared out.
+const ACTIVE_NS: u64 = 1_000_000_000;
+/// The streams' windows together take at most this share of the memory
+/// they are given; the rest holds what was read ahead and not yet read
+/// again, or read and not yet evicted.
+const WINDOWS_MEMORY_SHARE: u64 = 2;
 
 /// A range to read ahead for `stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,38 +67,50 @@ struct Stream {
     /// Read ahead (or requested) up to here.
     ahead_end: u64,
     last_read: u64,
-    /// When the window last changed size, and the frontier then.
+    last_read_ns: u64,
+    /// The stream's client reads not yet answered.
+    outstanding: u32,
+}
+
+/// The window every stream of the volume grows toward, judged by what the
+/// streams read together: a stream judged alone gains whenever its window
+/// outgrows another's (it takes the other's share of the device), so each
+/// would grow at the other's cost and the first to stop would be left the
+/// smaller share.
+#[derive(Debug, Default)]
+struct Growth {
+    window: u64,
+    /// When the window last changed size, and the streams' bytes then.
     measured_since: Option<(u64, u64)>,
-    /// The best rate (bytes/ns) the stream has shown over a window.
+    /// The best rate (bytes/ns) the streams have shown over a window.
     rate_before: Option<f64>,
     /// The last window brought no gain; one more such and it settles.
     held_once: bool,
     /// Doubling stopped paying.
     settled: bool,
-    /// The stream's client reads not yet answered.
-    outstanding: u32,
 }
 
-impl Stream {
-    /// A window's worth was planned: double it if the last doubling paid.
-    /// A window that brought no gain is measured once more before the
-    /// stream settles, so that one slow window (the device busy with
-    /// another stream's start) does not stop it.
-    fn grow(&mut self, window_max: u64, now_ns: u64) {
+impl Growth {
+    /// A stream planned a window: double the window if the last doubling
+    /// paid. A window that brought no gain is measured once more before
+    /// the growth settles, so that one slow window (the device busy with
+    /// another stream's start) does not stop it. `advanced` counts the
+    /// bytes the streams have read so far.
+    fn on_plan(&mut self, advanced: u64, reading: u64, window_max: u64, now_ns: u64) {
         if self.settled {
             return;
         }
-        let Some((since, frontier_then)) = self.measured_since else {
-            self.measured_since = Some((now_ns, self.frontier));
+        let Some((since, advanced_then)) = self.measured_since else {
+            self.measured_since = Some((now_ns, advanced));
             self.window = (self.window * 2).min(window_max);
             return;
         };
-        // Judge a window only once the reader went through a whole one.
-        if self.frontier - frontier_then < self.window || now_ns <= since {
+        // Judge a window only once every stream went through about a whole one.
+        if advanced - advanced_then < self.window * reading.max(1) || now_ns <= since {
             return;
         }
-        let rate = (self.frontier - frontier_then) as f64 / (now_ns - since) as f64;
-        self.measured_since = Some((now_ns, self.frontier));
+        let rate = (advanced - advanced_then) as f64 / (now_ns - since) as f64;
+        self.measured_since = Some((now_ns, advanced));
         let best = self.rate_before.unwrap_or(0.0);
         if rate < best * GROWTH_GAIN_MIN {
             if self.held_once {
@@ -100,9 +122,20 @@ impl Stream {
         }
         self.held_once = false;
         self.rate_before = Some(rate);
-        self.window = (self.window * 2).min(window_max);
+        // A doubling that paid nearly in proportion says each window's
+        // fixed cost (a seek) still dominates: grow by four, as Linux
+        // ramps a small window, so the streams spend less of their time
+        // at sizes that cannot pay.
+        let factor = if best > 0.0 && rate >= best * FAST_GROWTH_GAIN {
+            4
+        } else {
+            2
+        };
+        self.window = (self.window * factor).min(window_max);
     }
+}
 
+impl Stream {
     fn continued_by(&self, offset: u64, length: u64) -> bool {
         // Until a second read confirms it, a stream is continued only
         // right at its end: random reads landing near one of the streams
@@ -122,6 +155,9 @@ impl Stream {
 #[derive(Debug, Default)]
 pub struct Streams {
     streams: Vec<Stream>,
+    growth: Growth,
+    /// Bytes the streams that read ahead have moved their frontiers by.
+    advanced: u64,
     reads: u64,
     next_id: u64,
 }
@@ -129,24 +165,32 @@ pub struct Streams {
 impl Streams {
     /// A read of `length` bytes at `offset`, at `now_ns`: the stream it
     /// belongs to (the caller reports it [`answered`](Self::answered)) and
-    /// what to read ahead now, if anything. `window_max` is the most the
-    /// caller will hold ahead of one stream (at least the first window),
-    /// `align` the block size ranges are rounded to, `size` the volume's
-    /// end.
+    /// what to read ahead now, if anything. `memory` is what the caller
+    /// will hold read ahead for this volume, shared out between the
+    /// streams reading now (so two streams on a disk may each read far
+    /// enough ahead to outweigh the seeks between them, and many streams
+    /// stay within the bound); `align` the block size ranges are rounded
+    /// to, `size` the volume's end.
     pub fn on_read(
         &mut self,
         offset: u64,
         length: u64,
-        window_max: u64,
+        memory: u64,
         align: u64,
         size: u64,
         now_ns: u64,
     ) -> (u64, Option<Plan>) {
         self.reads += 1;
         let now = self.reads;
+        let reading = self
+            .streams
+            .iter()
+            .filter(|s| s.reads >= 2 && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
+            .count() as u64;
         // Never below a confirmed stream's first window: a stream that
         // reads nothing ahead would never show the device's costs again.
-        let window_max = window_max.max(FIRST_WINDOW_REQUESTS * length);
+        let window_max =
+            (memory / (WINDOWS_MEMORY_SHARE * reading.max(1))).max(FIRST_WINDOW_REQUESTS * length);
         let end = offset + length;
         let Some(stream) = self
             .streams
@@ -154,14 +198,16 @@ impl Streams {
             .filter(|s| s.continued_by(offset, length))
             .min_by_key(|s| s.frontier.abs_diff(offset))
         else {
-            return (self.start_stream(end, now), None);
+            return (self.start_stream(end, now, now_ns), None);
         };
         stream.last_read = now;
+        stream.last_read_ns = now_ns;
         stream.reads += 1;
         stream.outstanding += 1;
         let id = stream.id;
         // The frontier follows every read, so that a stream read at depth
         // is not left behind where a later reader would take it up.
+        let advanced = end.saturating_sub(stream.frontier);
         stream.frontier = stream.frontier.max(end);
         // A client that keeps several reads of the stream in flight drives
         // the device as deep as it likes: reading ahead would only add a
@@ -169,15 +215,18 @@ impl Streams {
         if stream.outstanding > 1 {
             return (id, None);
         }
+        self.advanced += advanced;
+        let first_window = (FIRST_WINDOW_REQUESTS * length).min(window_max);
+        let target = self.growth.window.clamp(first_window, window_max);
         let urgent = stream.ahead_end <= stream.frontier;
         stream.ahead_end = stream.ahead_end.max(stream.frontier);
-        if stream.window == 0 {
-            stream.window = (FIRST_WINDOW_REQUESTS * length).min(window_max);
-        }
-        stream.window = stream.window.min(window_max);
-        if stream.window == 0 {
-            return (id, None);
-        }
+        // A stream starts at the first window and doubles with each plan
+        // up to the volume's.
+        stream.window = if stream.window == 0 {
+            first_window
+        } else {
+            stream.window.min(target)
+        };
         // Halfway through what is read ahead: read the next window now.
         if stream.ahead_end - stream.frontier > stream.window / 2 {
             return (id, None);
@@ -196,7 +245,13 @@ impl Streams {
             end: until,
             urgent,
         };
-        stream.grow(window_max, now_ns);
+        if self.growth.window == 0 {
+            self.growth.window = first_window;
+        }
+        self.growth
+            .on_plan(self.advanced, reading, window_max, now_ns);
+        let target = self.growth.window.clamp(first_window, window_max);
+        stream.window = (stream.window * 2).min(target);
         (id, Some(plan))
     }
 
@@ -204,7 +259,8 @@ impl Streams {
     pub fn wasted(&mut self, stream: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
             s.window /= 2;
-            s.settled = true;
+            self.growth.window = self.growth.window.min(s.window);
+            self.growth.settled = true;
         }
     }
 
@@ -224,7 +280,7 @@ impl Streams {
         }
     }
 
-    fn start_stream(&mut self, frontier: u64, now: u64) -> u64 {
+    fn start_stream(&mut self, frontier: u64, now: u64, now_ns: u64) -> u64 {
         if self.streams.len() >= STREAMS_MAX {
             let oldest = self
                 .streams
@@ -243,10 +299,7 @@ impl Streams {
             window: 0,
             ahead_end: frontier,
             last_read: now,
-            measured_since: None,
-            rate_before: None,
-            held_once: false,
-            settled: false,
+            last_read_ns: now_ns,
             outstanding: 1,
         });
         self.next_id
@@ -378,10 +431,58 @@ mod tests {
         for i in 0..400 {
             let offset = i * length;
             let stream_time = (offset as f64).powf(0.5) as u64 * 1000;
-            let (stream, _) = streams.on_read(offset, length, MAX, 4096, SIZE, stream_time);
+            let (stream, _) = streams.on_read(offset, length, 2 * MAX, 4096, SIZE, stream_time);
             streams.answered(stream);
         }
-        assert_eq!(streams.window_at(400 * length), Some(MAX));
+        assert_eq!(
+            streams.window_at(400 * length),
+            Some(MAX),
+            "half the memory, for one stream"
+        );
+    }
+
+    /// Two streams read in turn, the second joining after a quarter of the
+    /// rounds; the device serves bytes at a rate that rises with the
+    /// window (each window pays one fixed cost).
+    fn two_streams_on_a_seeking_device(memory: u64, rounds: u64) -> (Streams, [u64; 2]) {
+        let mut streams = Streams::default();
+        let length = 64 * KIB;
+        let second = 1 << 30;
+        let mut now = 0;
+        for i in 0..rounds {
+            for base in [0, second] {
+                if base == second && i < rounds / 4 {
+                    continue;
+                }
+                let window = streams.window_at(base + i * length).unwrap_or(length);
+                // 1 ns per byte, plus a 10 ms seek per window.
+                now += length + 10_000_000 * length / window.max(length);
+                let offset = base + i * length;
+                let (stream, _) = streams.on_read(offset, length, memory, 4096, SIZE, now);
+                streams.answered(stream);
+            }
+        }
+        let windows = [0, second].map(|base| streams.window_at(base + rounds * length).unwrap());
+        (streams, windows)
+    }
+
+    #[test]
+    fn streams_on_one_volume_grow_to_the_same_window() {
+        // The first grows alone (up to 128 MiB, half the memory); the
+        // second joins and both end at 64 MiB, a quarter each.
+        let (_, windows) = two_streams_on_a_seeking_device(256 << 20, 4000);
+        assert_eq!(windows, [64 << 20; 2]);
+    }
+
+    #[test]
+    fn streams_reading_at_once_share_the_memory() {
+        let memory = 1 << 40;
+        let (_, alone) = two_streams_on_a_seeking_device(memory, 4000);
+        let memory = 64 << 20;
+        let (_, windows) = two_streams_on_a_seeking_device(memory, 4000);
+        assert!(alone[0] > memory, "unbounded, they grow further: {alone:?}");
+        // Half the memory for windows, shared by two streams.
+        assert_eq!(windows, [memory / 4; 2]);
     }
 
     #[test]

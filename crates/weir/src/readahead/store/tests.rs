@@ -247,3 +247,52 @@ fn on_a_disk_a_stream_keeps_one_read_ahead_in_the_device_and_a_waiting_reader_pr
         "what is promoted is read-ahead: {promoted:?}"
     );
 }
+
+#[test]
+fn room_is_made_from_data_already_read_before_data_ahead_of_its_reader() {
+    const MIB: u64 = 1 << 20;
+    let budget = ReadaheadBudget::new(Some(3 * MIB));
+    let mut state = State::default();
+    let length = 64 << 10;
+    let mut stream = 0;
+    for i in 0..64 {
+        let (id, _) = state
+            .streams
+            .on_read(i * length, length, 64 * MIB, BLOCK, 1 << 30, i);
+        state.streams.answered(id);
+        stream = id;
+    }
+    let window = state.streams.window_at(64 * length).unwrap();
+    // Read most recently, yet the first to go; then the two unread ones.
+    for (start, read, last_use) in [(0, true, 3), (MIB, false, 1), (2 * MIB, false, 2)] {
+        budget.hold(MIB);
+        state.segments.insert(
+            start,
+            Segment {
+                end: start + MIB,
+                buf: AlignedBuf::new(MIB as usize),
+                stream,
+                read,
+                last_use,
+            },
+        );
+    }
+    let mut wasted = 0;
+    assert!(state.make_room(MIB, &budget, &mut wasted));
+    assert_eq!(wasted, 0, "a segment already read went");
+    assert_eq!(
+        state.segments.keys().copied().collect::<Vec<_>>(),
+        [MIB, 2 * MIB]
+    );
+    assert!(state.make_room(3 * MIB, &budget, &mut wasted));
+    assert_eq!(wasted, 2 * MIB);
+    assert_eq!(
+        state.streams.window_at(64 * length),
+        Some(window / 2),
+        "halved once for the two segments it lost in one go"
+    );
+    assert!(
+        !state.make_room(4 * MIB, &budget, &mut wasted),
+        "more than the bound"
+    );
+}
