@@ -74,6 +74,26 @@ fn background_classes_go_in_lba_order_and_adjacent_reads_merge() {
 }
 
 #[test]
+fn read_ahead_goes_in_arrival_order_on_flash_and_in_lba_order_on_a_disk() {
+    // Two streams' read-ahead: the higher stream's came first; the lower
+    // stream's next window arrives while its first is queued.
+    let order = |rotational: bool| {
+        let mut queue = IoQueue::new(Mode::Zfs, rotational);
+        queue.enqueue(io(1, IoClass::AsyncRead, 2 << 30, 1 << 20), 0);
+        queue.enqueue(io(2, IoClass::AsyncRead, 0, 1 << 20), 0);
+        queue.enqueue(io(3, IoClass::AsyncRead, 4 << 20, 1 << 20), 0);
+        let mut ids = Vec::new();
+        while let Some(d) = queue.next_to_issue(0) {
+            ids.extend(d.ios.iter().map(|i| i.id));
+            queue.complete(d.id, 0);
+        }
+        ids
+    };
+    assert_eq!(order(false), [1, 2, 3]);
+    assert_eq!(order(true), [2, 3, 1]);
+}
+
+#[test]
 fn zfs_lets_one_scrub_io_beside_interactive_reads_and_three_alone() {
     let mut queue = IoQueue::new(Mode::Zfs, true);
     for id in 0..8 {
