@@ -6,14 +6,16 @@
 //! requests out of order, so reads a little behind the frontier count too
 //! (Linux's context readahead has the same idea: the stream is what was
 //! read, not who read it). A stream's second read confirms it; from then
-//! on it reads ahead by a window that doubles each time the reader gets
-//! halfway into what was read ahead, for as long as doubling pays: the
-//! stream's rate over each window is measured, and after two windows that
-//! brought less than `GROWTH_GAIN_MIN` more, the window stays. A disk that
-//! seeks between streams keeps gaining until each window's transfer
-//! outweighs its seek; a drive that serves the stream as fast at any
-//! window stops early. The caller bounds it by memory. Read-ahead data
-//! that is evicted unread halves its stream's window and stops its growth.
+//! on it reads the next window each time the reader gets halfway into
+//! what was read ahead. The volume's streams grow toward one window, for
+//! as long as doubling pays: the streams' combined rate over each window
+//! is measured, and after two windows that brought less than
+//! `GROWTH_GAIN_MIN` more, the window stays. A disk that seeks between
+//! streams keeps gaining until each window's transfer outweighs its seek;
+//! a drive that serves the streams as fast at any window stops early. The
+//! memory the caller gives is shared among the streams reading, and one
+//! stream takes less of it while other reads arrive. Read-ahead data that
+//! is evicted unread halves its stream's window and stops the growth.
 //! A client that keeps several reads of a stream in flight gets none.
 //!
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
@@ -201,8 +203,6 @@ impl Streams {
             .iter()
             .filter(|s| s.reads >= 2 && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
             .count() as u64;
-        // Never below a confirmed stream's first window: a stream that
-        // reads nothing ahead would never show the device's costs again.
         // A stream's first read continues none either: a few such reads
         // are streams starting, more are someone reading elsewhere.
         let others_reading = self.other_reads_ns.len() == OTHER_READS
@@ -214,6 +214,8 @@ impl Streams {
         if others_reading {
             window_max = window_max.min(memory / STREAM_MEMORY_SHARE_BESIDE_OTHERS);
         }
+        // Never below a confirmed stream's first window: a stream that
+        // reads nothing ahead would never show the device's costs again.
         let window_max = window_max.max(FIRST_WINDOW_REQUESTS * length);
         let end = offset + length;
         let Some(stream) = self
