@@ -4,7 +4,8 @@
 //! virtual time by the simulator; it never reads a clock.
 //!
 //! ```text
-//!  enqueue(io, now) ──> class queues (sync: FIFO; others: LBA order, aged)
+//!  enqueue(io, now) ──> class queues (sync, and read-ahead on flash: FIFO;
+//!                       others: LBA order, aged)
 //!  next_to_issue(now) ──> mode picks a class (fifo / zfs / adaptive)
 //!                         ──> the I/O, merged with adjacent ones of its class
 //!  complete(id, now) ──> the merged I/Os back; latency feeds the mode
