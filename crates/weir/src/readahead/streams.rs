@@ -110,7 +110,7 @@ impl Growth {
     /// the growth settles, so that one slow window (the device busy with
     /// another stream's start) does not stop it. `advanced` counts the
     /// bytes the streams have read so far.
-    fn on_plan(&mut self, advanced: u64, reading: u64, window_max: u64, now_ns: u64) {
+    fn on_plan(&mut self, advanced: u64, window_max: u64, now_ns: u64) {
         if self.settled {
             return;
         }
@@ -119,8 +119,10 @@ impl Growth {
             self.window = (self.window * 2).min(window_max);
             return;
         };
-        // Judge a window only once every stream went through about a whole one.
-        if advanced - advanced_then < self.window * reading.max(1) || now_ns <= since {
+        // Judge once the streams together read a window's worth: each
+        // device read is about half a window, so for two streams that is
+        // one read of each and the seeks between them.
+        if advanced - advanced_then < self.window || now_ns <= since {
             return;
         }
         let rate = (advanced - advanced_then) as f64 / (now_ns - since) as f64;
@@ -278,8 +280,7 @@ impl Streams {
         if self.growth.window == 0 {
             self.growth.window = first_window;
         }
-        self.growth
-            .on_plan(self.advanced, reading, window_max, now_ns);
+        self.growth.on_plan(self.advanced, window_max, now_ns);
         let target = self.growth.window.clamp(first_window, window_max);
         stream.window = (stream.window * 2).min(target);
         (id, Some(plan))
