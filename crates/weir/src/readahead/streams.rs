@@ -12,7 +12,8 @@
 //! is measured, and after two windows that brought less than
 //! `GROWTH_GAIN_MIN` more, the window stays. A disk that seeks between
 //! streams keeps gaining until each window's transfer outweighs its seek;
-//! a drive that serves the streams as fast at any window stops early. The
+//! a drive that serves the streams as fast at any window stops early;
+//! more established streams than when it stopped make it grow again. The
 //! memory the caller gives is shared among the streams reading, and one
 //! stream takes less of it while other reads arrive. Read-ahead data that
 //! is evicted unread halves its stream's window and stops the growth.
@@ -57,6 +58,9 @@ const STREAM_MEMORY_SHARE_BESIDE_OTHERS: u64 = 8;
 /// Reads that continued no stream within `ACTIVE_NS` that make "others
 /// reading": fewer are streams starting.
 const OTHER_READS: usize = 4;
+/// Reads that make a stream established: more established streams than
+/// when the volume's window settled make it grow again.
+const ESTABLISHED_READS: u64 = 16;
 
 /// A range to read ahead for `stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +106,9 @@ struct Growth {
     held_once: bool,
     /// Doubling stopped paying.
     settled: bool,
+    /// Established streams when it settled; `u64::MAX` once read-ahead
+    /// was evicted unread, when only memory may reopen it.
+    settled_with: u64,
 }
 
 impl Growth {
@@ -109,8 +116,17 @@ impl Growth {
     /// paid. A window that brought no gain is measured once more before
     /// the growth settles, so that one slow window (the device busy with
     /// another stream's start) does not stop it. `advanced` counts the
-    /// bytes the streams have read so far.
-    fn on_plan(&mut self, advanced: u64, window_max: u64, now_ns: u64) {
+    /// bytes the streams have read so far, `established` the streams
+    /// reading that have lasted: more of them than when it settled reopen
+    /// it, since the window that pays grows with the streams a disk seeks
+    /// between.
+    fn on_plan(&mut self, advanced: u64, established: u64, window_max: u64, now_ns: u64) {
+        if self.settled && established > self.settled_with {
+            self.settled = false;
+            self.held_once = false;
+            self.rate_before = None;
+            self.measured_since = Some((now_ns, advanced));
+        }
         if self.settled {
             return;
         }
@@ -131,6 +147,7 @@ impl Growth {
         if rate < best * GROWTH_GAIN_MIN {
             if self.held_once {
                 self.settled = true;
+                self.settled_with = established;
             }
             self.held_once = true;
             self.rate_before = Some(best.max(rate));
@@ -200,10 +217,20 @@ impl Streams {
     ) -> (u64, Option<Plan>) {
         self.reads += 1;
         let now = self.reads;
+        let recent = |s: &&Stream| now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS;
         let reading = self
             .streams
             .iter()
-            .filter(|s| s.reads >= 2 && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
+            .filter(|s| s.reads >= 2)
+            .filter(recent)
+            .count() as u64;
+        // Random reads that land next to each other by chance make short
+        // streams; a stream that lasted this long is a reader's.
+        let established = self
+            .streams
+            .iter()
+            .filter(|s| s.reads >= ESTABLISHED_READS)
+            .filter(recent)
             .count() as u64;
         // A stream's first read continues none either: a few such reads
         // are streams starting, more are someone reading elsewhere.
@@ -280,7 +307,8 @@ impl Streams {
         if self.growth.window == 0 {
             self.growth.window = first_window;
         }
-        self.growth.on_plan(self.advanced, window_max, now_ns);
+        self.growth
+            .on_plan(self.advanced, established, window_max, now_ns);
         let target = self.growth.window.clamp(first_window, window_max);
         stream.window = (stream.window * 2).min(target);
         (id, Some(plan))
@@ -292,6 +320,7 @@ impl Streams {
             s.window /= 2;
             self.growth.window = self.growth.window.min(s.window);
             self.growth.settled = true;
+            self.growth.settled_with = u64::MAX;
         }
     }
 
@@ -525,6 +554,38 @@ mod tests {
         // second joins and both end at 64 MiB, a quarter each.
         let (_, windows) = two_streams_on_a_seeking_device(256 << 20, 4000);
         assert_eq!(windows, [64 << 20; 2]);
+    }
+
+    #[test]
+    fn a_window_settled_by_one_stream_grows_again_when_two_seek_between_them() {
+        let mut streams = Streams::default();
+        let length = 64 * KIB;
+        let memory = 1 << 30;
+        // One stream that reads as fast at any window settles early.
+        let mut now = 0;
+        for i in 0..2000 {
+            now += 10 * length;
+            let (stream, _) = streams.on_read(i * length, length, memory, 4096, SIZE, now);
+            streams.answered(stream);
+        }
+        let settled = streams.growth.window;
+        assert!(streams.growth.settled && settled <= 4 << 20, "{settled}");
+        // Two new streams on a disk: each window pays a 10 ms seek.
+        now += 2 * ACTIVE_NS;
+        for i in 0..4000 {
+            for base in [4 << 30, 8 << 30] {
+                let offset = base + i * length;
+                let window = streams.window_at(offset).unwrap_or(length);
+                now += length + 10_000_000 * length / window.max(length);
+                let (stream, _) = streams.on_read(offset, length, memory, 4096, SIZE, now);
+                streams.answered(stream);
+            }
+        }
+        assert!(
+            streams.growth.window >= 8 * settled,
+            "{} after {settled}",
+            streams.growth.window
+        );
     }
 
     #[test]
