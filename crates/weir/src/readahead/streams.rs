@@ -107,7 +107,7 @@ struct Growth {
     /// Doubling stopped paying.
     settled: bool,
     /// Established streams when it settled; `u64::MAX` once read-ahead
-    /// was evicted unread, when only memory may reopen it.
+    /// was evicted unread: memory, not the streams, stopped it then.
     settled_with: u64,
 }
 
