@@ -281,7 +281,7 @@ impl ReadaheadStore {
         let (read_ahead, answered, done) = {
             let mut state = self.state();
             // The whole bound: volumes that read ahead at once compete
-            // for it, least recently used first (`make_room`).
+            // for it, each making room from its own segments (`make_room`).
             let memory = self.budget.limit_bytes();
             let now_ns = (self.clock)();
             let (stream, plan) = state.streams.on_read(
