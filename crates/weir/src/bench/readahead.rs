@@ -4,7 +4,8 @@
 //! Each reader runs alone on a 4 GiB model, once with readahead off and
 //! once on: random readers (which must lose nothing), sequential readers
 //! of several sizes and depths, two QD1 streams at once, a stream beside
-//! a random reader, and a stream that pauses between reads. The table
+//! a 4 KiB and beside a 64 KiB random reader, and a stream that pauses
+//! between reads. The table
 //! gives throughput, the bytes read from the device, and p99 latency.
 //!
 //! The simulator has no connections: the volume sees one request after
@@ -76,6 +77,13 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
             vec![
                 half("a", "read", "64k", "0"),
                 half("b", "randread", "4k", HALF),
+            ],
+        ),
+        (
+            "stream-64k-qd1+randread-64k-qd1",
+            vec![
+                half("a", "read", "64k", "0"),
+                half("b", "randread", "64k", HALF),
             ],
         ),
     ]

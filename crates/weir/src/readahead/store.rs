@@ -257,9 +257,13 @@ impl ReadaheadStore {
         budget: &Arc<ReadaheadBudget>,
         clock: Clock,
     ) -> Arc<ReadaheadStore> {
+        let streams = Streams::new(inner.info().rotational);
         Arc::new_cyclic(|me| ReadaheadStore {
             inner,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                streams,
+                ..State::default()
+            }),
             budget: Arc::clone(budget),
             counters: ReadaheadCounters::default(),
             clock,
