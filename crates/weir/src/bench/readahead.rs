@@ -5,8 +5,8 @@
 //! once on: random readers (which must lose nothing), sequential readers
 //! of several sizes and depths, two QD1 streams at once, a stream beside
 //! a 4 KiB and beside a 64 KiB random reader, and a stream that pauses
-//! between reads. The table
-//! gives throughput, the bytes read from the device, and p99 latency.
+//! between reads. The table gives throughput, the bytes read from the
+//! device, and p99 latency.
 //!
 //! The simulator has no connections: the volume sees one request after
 //! another, as it does when a QD1 client sends each request on the next of
