@@ -58,6 +58,7 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
         ),
         ("read-4k-qd1", vec!["name=a,rw=read,bs=4k,qd=1".into()]),
         ("read-128k-qd1", vec!["name=a,rw=read,bs=128k,qd=1".into()]),
+        ("read-1m-qd1", vec!["name=a,rw=read,bs=1m,qd=1".into()]),
         ("read-64k-qd2", vec!["name=a,rw=read,bs=64k,qd=2".into()]),
         ("read-1m-qd8", vec!["name=a,rw=read,bs=1m,qd=8".into()]),
         (

@@ -10,7 +10,8 @@
 //! what was read ahead. The volume's streams grow toward one window, for
 //! as long as doubling pays: the streams' combined rate over each window
 //! is measured, and after two windows that brought less than
-//! `GROWTH_GAIN_MIN` more, the window stays. A disk that seeks between
+//! `GROWTH_GAIN_MIN` more, it goes back to the window that read fastest
+//! and stays there. A disk that seeks between
 //! streams keeps gaining until each window's transfer outweighs its seek;
 //! a drive that serves the streams as fast at any window stops early;
 //! more established streams than when it stopped make it grow again. The
@@ -103,6 +104,8 @@ struct Growth {
     measured_since: Option<(u64, u64)>,
     /// The best rate (bytes/ns) the streams have shown over a window.
     rate_before: Option<f64>,
+    /// The window that rate was measured at: where the growth settles.
+    best_window: u64,
     /// The last window brought no gain; one more such and it settles.
     held_once: bool,
     /// Doubling stopped paying.
@@ -145,8 +148,15 @@ impl Growth {
         let rate = (advanced - advanced_then) as f64 / (now_ns - since) as f64;
         self.measured_since = Some((now_ns, advanced));
         let best = self.rate_before.unwrap_or(0.0);
+        if rate > best {
+            self.best_window = self.window;
+        }
         if rate < best * GROWTH_GAIN_MIN {
             if self.held_once {
+                // Back to the window that read fastest: on a disk that
+                // streams by itself, a larger one only made each read
+                // wait longer for all of its bytes.
+                self.window = self.best_window.min(window_max);
                 self.settled = true;
                 self.settled_with = established;
             }
@@ -572,6 +582,25 @@ mod tests {
             Some(MAX),
             "half the memory, for one stream"
         );
+    }
+
+    #[test]
+    fn a_window_that_reads_slower_than_a_smaller_one_goes_back_to_it() {
+        let mut streams = Streams::default();
+        let length = 64 * KIB;
+        let fastest = 1024 * KIB;
+        let mut now = 0;
+        for i in 0..4000 {
+            let offset = i * length;
+            // Bytes cost least at one window, more at each doubling or
+            // halving away from it.
+            let window = streams.window_at(offset).unwrap_or(0).max(length);
+            let doublings_away = (window.max(fastest) / window.min(fastest)).ilog2();
+            now += length * (10 + 5 * u64::from(doublings_away));
+            let (stream, _) = streams.on_read(offset, length, 1 << 40, 4096, SIZE, now);
+            streams.answered(stream);
+        }
+        assert_eq!(streams.window_at(4000 * length), Some(fastest));
     }
 
     /// Two streams read in turn, the second joining after a quarter of the
