@@ -46,10 +46,6 @@ const FAST_GROWTH_GAIN: f64 = 1.5;
 /// A stream read within this long counts as reading when the memory for
 /// windows is shared out.
 const ACTIVE_NS: u64 = 1_000_000_000;
-/// The streams' windows together take at most this share of the memory
-/// they are given; the rest holds what was read ahead and not yet read
-/// again, or read and not yet evicted.
-const WINDOWS_MEMORY_SHARE: u64 = 2;
 /// While reads that belong to no stream arrive, one stream's window is at
 /// most this share of the memory: on a disk a window is one device read,
 /// and a random reader beside the stream waits for it whole (beside one
@@ -262,7 +258,14 @@ impl Streams {
                 .other_reads_ns
                 .front()
                 .is_some_and(|at| now_ns.saturating_sub(*at) < ACTIVE_NS);
-        let mut window_max = memory / (WINDOWS_MEMORY_SHARE * reading.max(1));
+        // The streams reading share the whole memory: what a stream holds
+        // unread never exceeds its window (it reads up to its frontier
+        // plus the window), and data already read goes first when room
+        // is needed. On a disk each window is one seek between streams,
+        // so the larger the windows the less of its time goes to seeks
+        // (two 64 KiB QD1 streams on the HDD model read 0.80 of its
+        // sequential rate in 5 s with the whole memory, 0.77 with half).
+        let mut window_max = memory / reading.max(1);
         if others_reading {
             window_max = window_max.min(memory / STREAM_MEMORY_SHARE_BESIDE_OTHERS);
         }
@@ -574,13 +577,13 @@ mod tests {
         for i in 0..400 {
             let offset = i * length;
             let stream_time = (offset as f64).powf(0.5) as u64 * 1000;
-            let (stream, _) = streams.on_read(offset, length, 2 * MAX, 4096, SIZE, stream_time);
+            let (stream, _) = streams.on_read(offset, length, MAX, 4096, SIZE, stream_time);
             streams.answered(stream);
         }
         assert_eq!(
             streams.window_at(400 * length),
             Some(MAX),
-            "half the memory, for one stream"
+            "all the memory, for one stream"
         );
     }
 
@@ -630,10 +633,10 @@ mod tests {
 
     #[test]
     fn streams_on_one_volume_grow_to_the_same_window() {
-        // The first grows alone (up to 128 MiB, half the memory); the
-        // second joins and both end at 64 MiB, a quarter each.
+        // The first grows alone (up to all the memory); the second joins
+        // and both end at half of it each.
         let (_, windows) = two_streams_on_a_seeking_device(256 << 20, 4000);
-        assert_eq!(windows, [64 << 20; 2]);
+        assert_eq!(windows, [128 << 20; 2]);
     }
 
     #[test]
@@ -675,8 +678,8 @@ mod tests {
         let memory = 64 << 20;
         let (_, windows) = two_streams_on_a_seeking_device(memory, 4000);
         assert!(alone[0] > memory, "unbounded, they grow further: {alone:?}");
-        // Half the memory for windows, shared by two streams.
-        assert_eq!(windows, [memory / 4; 2]);
+        // The memory shared by two streams.
+        assert_eq!(windows, [memory / 2; 2]);
     }
 
     #[test]
