@@ -98,10 +98,11 @@ struct Growth {
     window: u64,
     /// When the window last changed size, and the streams' bytes then.
     measured_since: Option<(u64, u64)>,
-    /// The best rate (bytes/ns) the streams have shown over a window.
+    /// The rate (bytes/ns) the streams showed over the last window judged.
     rate_before: Option<f64>,
-    /// The window that rate was measured at: where the growth settles.
-    best_window: u64,
+    /// The window before the last doubling and the rate it last showed:
+    /// where the growth goes back to if that read faster.
+    previous: Option<(u64, f64)>,
     /// The last window brought no gain; one more such and it settles.
     held_once: bool,
     /// Doubling stopped paying.
@@ -113,18 +114,22 @@ struct Growth {
 
 impl Growth {
     /// A stream planned a window: double the window if the last doubling
-    /// paid. A window that brought no gain is measured once more before
-    /// the growth settles, so that one slow window (the device busy with
-    /// another stream's start) does not stop it. `advanced` counts the
-    /// bytes the streams have read so far, `established` the streams
-    /// reading that have lasted: more of them than when it settled reopen
-    /// it, since the window that pays grows with the streams a disk seeks
-    /// between.
+    /// paid. Each window's rate is compared with the one judged before it,
+    /// not with the best ever seen: a window that found its data already
+    /// held (read ahead for an earlier reader) reads far faster than the
+    /// device, and measured against that nothing would ever pay again. A
+    /// window that brought no gain is measured once more before the growth
+    /// settles, so that one slow window (the device busy with another
+    /// stream's start) does not stop it. `advanced` counts the bytes the
+    /// streams have read so far, `established` the streams reading that
+    /// have lasted: more of them than when it settled reopen it, since the
+    /// window that pays grows with the streams a disk seeks between.
     fn on_plan(&mut self, advanced: u64, established: u64, window_max: u64, now_ns: u64) {
         if self.settled && established > self.settled_with {
             self.settled = false;
             self.held_once = false;
             self.rate_before = None;
+            self.previous = None;
             self.measured_since = Some((now_ns, advanced));
         }
         if self.settled {
@@ -143,34 +148,34 @@ impl Growth {
         }
         let rate = (advanced - advanced_then) as f64 / (now_ns - since) as f64;
         self.measured_since = Some((now_ns, advanced));
-        let best = self.rate_before.unwrap_or(0.0);
-        if rate > best {
-            self.best_window = self.window;
-        }
-        if rate < best * GROWTH_GAIN_MIN {
+        let before = self.rate_before.replace(rate).unwrap_or(0.0);
+        if rate < before * GROWTH_GAIN_MIN {
             if self.held_once {
-                // Back to the window that read fastest: on a disk that
-                // streams by itself, a larger one only made each read
-                // wait longer for all of its bytes.
-                self.window = self.best_window.min(window_max);
+                // Back to the window before the last doubling if it read
+                // faster: on a disk that streams by itself, a larger one
+                // only made each read wait longer for all of its bytes.
+                if let Some((window, previous_rate)) = self.previous {
+                    if previous_rate > rate {
+                        self.window = window.min(window_max);
+                    }
+                }
                 self.settled = true;
                 self.settled_with = established;
             }
             self.held_once = true;
-            self.rate_before = Some(best.max(rate));
             return;
         }
         self.held_once = false;
-        self.rate_before = Some(rate);
         // A doubling that paid nearly in proportion says each window's
         // fixed cost (a seek) still dominates: grow by four, as Linux
         // ramps a small window, so the streams spend less of their time
         // at sizes that cannot pay.
-        let factor = if best > 0.0 && rate >= best * FAST_GROWTH_GAIN {
+        let factor = if before > 0.0 && rate >= before * FAST_GROWTH_GAIN {
             4
         } else {
             2
         };
+        self.previous = Some((self.window, rate));
         self.window = (self.window * factor).min(window_max);
     }
 }
@@ -243,6 +248,14 @@ impl Streams {
             .filter(|s| s.reads >= 2)
             .filter(recent)
             .count() as u64;
+        // The window was judged by the streams that read then: once none
+        // has read for a while, whoever streams next is judged afresh. A
+        // window settled by other readers says little about the next
+        // ones, and it settles early when readers find their data
+        // already held.
+        if reading == 0 {
+            self.growth = Growth::default();
+        }
         // Random reads that land next to each other by chance make short
         // streams; a stream that lasted this long is a reader's.
         let established = self
@@ -417,6 +430,34 @@ mod tests {
         let (stream, plan) = streams.on_read(offset, length, MAX, 4096, SIZE, offset + length);
         streams.answered(stream);
         plan
+    }
+
+    #[test]
+    fn streams_after_a_pause_are_judged_afresh() {
+        let mut streams = Streams::default();
+        let length = 64 * KIB;
+        let memory = 1 << 30;
+        // A stream whose rate rises with the window grows it far.
+        let mut now = 0;
+        for i in 0..4000 {
+            let window = streams.window_at(i * length).unwrap_or(0).max(length);
+            now += length + 10_000_000 * length / window;
+            let (stream, _) = streams.on_read(i * length, length, memory, 4096, SIZE, now);
+            streams.answered(stream);
+        }
+        assert!(
+            streams.growth.window >= 64 << 20,
+            "{}",
+            streams.growth.window
+        );
+        // Two seconds later another stream starts at the first window.
+        now += 2 * ACTIVE_NS;
+        let base = 8 << 30;
+        for i in 0..3 {
+            let (stream, _) = streams.on_read(base + i * length, length, memory, 4096, SIZE, now);
+            streams.answered(stream);
+        }
+        assert!(streams.growth.window <= 2 * FIRST_WINDOW_REQUESTS * length);
     }
 
     #[test]
@@ -653,8 +694,8 @@ mod tests {
         }
         let settled = streams.growth.window;
         assert!(streams.growth.settled && settled <= 4 << 20, "{settled}");
-        // Two new streams on a disk: each window pays a 10 ms seek.
-        now += 2 * ACTIVE_NS;
+        // Two new streams on a disk, right after: each window pays a 10 ms
+        // seek.
         for i in 0..4000 {
             for base in [4 << 30, 8 << 30] {
                 let offset = base + i * length;
