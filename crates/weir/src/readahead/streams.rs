@@ -59,6 +59,11 @@ const OTHER_READS: usize = 4;
 /// Reads that make a stream established: more established streams than
 /// when the volume's window settled make it grow again.
 const ESTABLISHED_READS: u64 = 16;
+/// A settled window is tried larger again after this long: the streams
+/// and the device's other work change, and a window settled on rates
+/// that no longer hold (readers gone, or readers that found their data
+/// already held) would otherwise stay for good.
+const SETTLED_RETRY_NS: u64 = ACTIVE_NS;
 
 /// A range to read ahead for `stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +115,7 @@ struct Growth {
     /// Established streams when it settled; `u64::MAX` once read-ahead
     /// was evicted unread: memory, not the streams, stopped it then.
     settled_with: u64,
+    settled_at_ns: u64,
 }
 
 impl Growth {
@@ -123,9 +129,12 @@ impl Growth {
     /// stream's start) does not stop it. `advanced` counts the bytes the
     /// streams have read so far, `established` the streams reading that
     /// have lasted: more of them than when it settled reopen it, since the
-    /// window that pays grows with the streams a disk seeks between.
+    /// window that pays grows with the streams a disk seeks between, and
+    /// so does time (`SETTLED_RETRY_NS`), unless memory stopped it.
     fn on_plan(&mut self, advanced: u64, established: u64, window_max: u64, now_ns: u64) {
-        if self.settled && established > self.settled_with {
+        let retry = self.settled_with != u64::MAX
+            && now_ns.saturating_sub(self.settled_at_ns) >= SETTLED_RETRY_NS;
+        if self.settled && (established > self.settled_with || retry) {
             self.settled = false;
             self.held_once = false;
             self.rate_before = None;
@@ -151,16 +160,18 @@ impl Growth {
         let before = self.rate_before.replace(rate).unwrap_or(0.0);
         if rate < before * GROWTH_GAIN_MIN {
             if self.held_once {
-                // Back to the window before the last doubling if it read
-                // faster: on a disk that streams by itself, a larger one
+                // Back to the window before the last doubling unless the
+                // doubling paid after all (so that retries do not drift
+                // upward): on a disk that streams by itself, a larger one
                 // only made each read wait longer for all of its bytes.
                 if let Some((window, previous_rate)) = self.previous {
-                    if previous_rate > rate {
+                    if rate < previous_rate * GROWTH_GAIN_MIN {
                         self.window = window.min(window_max);
                     }
                 }
                 self.settled = true;
                 self.settled_with = established;
+                self.settled_at_ns = now_ns;
             }
             self.held_once = true;
             return;
