@@ -9,16 +9,17 @@
 //! on it reads the next window each time the reader gets halfway into
 //! what was read ahead. The volume's streams grow toward one window, for
 //! as long as doubling pays: the streams' combined rate over each window
-//! is measured, and after two windows that brought less than
-//! `GROWTH_GAIN_MIN` more, it goes back to the window that read fastest
-//! and stays there. A disk that seeks between
-//! streams keeps gaining until each window's transfer outweighs its seek;
-//! a drive that serves the streams as fast at any window stops early;
-//! more established streams than when it stopped make it grow again. The
-//! memory the caller gives is shared among the streams reading, and one
-//! stream takes less of it while other reads arrive (on flash, none).
-//! Read-ahead data that
-//! is evicted unread halves its stream's window and stops the growth.
+//! is measured against the window before, and after two windows that
+//! brought less than `GROWTH_GAIN_MIN` more, it goes back to the window
+//! before the last doubling (unless that paid after all) and settles. A
+//! disk that seeks between streams keeps gaining until each window's
+//! transfer outweighs its seek; a drive that serves the streams as fast
+//! at any window stops early. More established streams than when it
+//! settled, or a second gone by, make it try larger again; a second with
+//! no stream reading starts it over. The memory the caller gives is
+//! shared among the streams reading, and one stream takes less of it
+//! while other reads arrive (on flash, none). Read-ahead data that is
+//! evicted unread halves its stream's window and stops the growth.
 //! A client that keeps several reads of a stream in flight gets none.
 //!
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
@@ -106,7 +107,7 @@ struct Growth {
     /// The rate (bytes/ns) the streams showed over the last window judged.
     rate_before: Option<f64>,
     /// The window before the last doubling and the rate it last showed:
-    /// where the growth goes back to if that read faster.
+    /// where the growth goes back to unless the doubling paid.
     previous: Option<(u64, f64)>,
     /// The last window brought no gain; one more such and it settles.
     held_once: bool,
