@@ -116,6 +116,7 @@ struct Growth {
     /// Established streams when it settled; `u64::MAX` once read-ahead
     /// was evicted unread: memory, not the streams, stopped it then.
     settled_with: u64,
+    /// When it settled: it is tried larger again `SETTLED_RETRY_NS` later.
     settled_at_ns: u64,
 }
 
@@ -663,7 +664,7 @@ mod tests {
     /// rounds; the device serves bytes at a rate that rises with the
     /// window (each window pays one fixed cost).
     fn two_streams_on_a_seeking_device(memory: u64, rounds: u64) -> (Streams, [u64; 2]) {
-        let mut streams = Streams::default();
+        let mut streams = Streams::new(true);
         let length = 64 * KIB;
         let second = 1 << 30;
         let mut now = 0;
