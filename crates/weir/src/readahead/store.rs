@@ -42,7 +42,9 @@ struct Segment {
     end: u64,
     buf: AlignedBuf,
     stream: u64,
-    read: bool,
+    /// End of the furthest client read from it: the segment's start while
+    /// none has read it, its end once a reader has passed it.
+    read_end: u64,
     last_use: u64,
 }
 
@@ -160,7 +162,7 @@ impl State {
             out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(
                 &segment.buf.as_slice()[(from - start) as usize..(to - start) as usize],
             );
-            segment.read = true;
+            segment.read_end = segment.read_end.max(to);
             segment.last_use = self.clock;
         }
         true
@@ -179,9 +181,7 @@ impl State {
         for s in doomed {
             let segment = self.segments.remove(&s).expect("listed above");
             budget.release(segment.end - s);
-            if !segment.read {
-                wasted += segment.end - s;
-            }
+            wasted += segment.end - segment.read_end.max(s);
         }
         for fetch in self.fetches.values_mut() {
             if overlaps((fetch.start, fetch.end), (start, end)) {
@@ -197,33 +197,46 @@ impl State {
             .any(|w| overlaps((w.start, w.end), (start, end)))
     }
 
-    /// Make room for `bytes` under the budget: this volume's segments
-    /// already read first, then those still ahead of their readers, least
-    /// recently used first within each. A sequential reader seldom reads
-    /// again what it read, and what lies ahead of it is its next reads.
-    /// A stream whose data goes unread has its window halved once per
-    /// call, however many of its segments go. Returns false if it cannot.
-    fn make_room(&mut self, bytes: u64, budget: &ReadaheadBudget, wasted: &mut u64) -> bool {
-        let mut thrashed = Vec::new();
+    /// Make room for `bytes` under the budget at `now_ns`: first this
+    /// volume's segments that their readers have passed, then those of
+    /// streams no longer reading, then the rest, least recently used first
+    /// within each. A sequential reader seldom reads again what it passed,
+    /// a segment it is part way through holds its next reads, and a
+    /// stream that stopped will not read what it left. Each stream is told
+    /// where its unread data went (`Streams::evicted`). Returns false if
+    /// it cannot.
+    fn make_room(
+        &mut self,
+        bytes: u64,
+        budget: &ReadaheadBudget,
+        wasted: &mut u64,
+        now_ns: u64,
+    ) -> bool {
         while budget.held_bytes() + bytes > budget.limit_bytes() {
+            let streams = &self.streams;
+            let rank = |s: &Segment| {
+                if s.read_end >= s.end {
+                    0
+                } else if !streams.reading(s.stream, now_ns) {
+                    1
+                } else {
+                    2
+                }
+            };
             let Some((&start, _)) = self
                 .segments
                 .iter()
-                .min_by_key(|(_, s)| (!s.read, s.last_use))
+                .min_by_key(|(_, s)| (rank(s), s.last_use))
             else {
                 break;
             };
             let segment = self.segments.remove(&start).expect("found above");
             budget.release(segment.end - start);
-            if !segment.read {
-                *wasted += segment.end - start;
-                if !thrashed.contains(&segment.stream) {
-                    thrashed.push(segment.stream);
-                }
+            let unread_from = segment.read_end.max(start);
+            if unread_from < segment.end {
+                *wasted += segment.end - unread_from;
+                self.streams.evicted(segment.stream, unread_from);
             }
-        }
-        for stream in thrashed {
-            self.streams.wasted(stream);
         }
         budget.held_bytes() + bytes <= budget.limit_bytes()
     }
@@ -465,17 +478,19 @@ impl ReadaheadStore {
             return;
         };
         let mut answers = Vec::with_capacity(fetch.waiting.len());
+        let mut read_end = fetch.start;
         for mut w in fetch.waiting {
             let from = (w.offset - fetch.start) as usize;
             let len = w.buf.len();
             w.buf
                 .as_mut_slice()
                 .copy_from_slice(&data.as_slice()[from..from + len]);
+            read_end = read_end.max(w.offset + len as u64);
             answers.push(w);
         }
         let mut wasted = 0;
-        let read = !answers.is_empty();
-        if state.make_room(length, &self.budget, &mut wasted) {
+        let now_ns = (self.clock)();
+        if state.make_room(length, &self.budget, &mut wasted, now_ns) {
             state.clock += 1;
             let last_use = state.clock;
             self.budget.hold(length);
@@ -485,7 +500,7 @@ impl ReadaheadStore {
                     end: fetch.end,
                     buf: data,
                     stream: fetch.stream,
-                    read,
+                    read_end,
                     last_use,
                 },
             );
@@ -493,8 +508,8 @@ impl ReadaheadStore {
             if let Some(old) = replaced {
                 self.budget.release(old.end - fetch.start);
             }
-        } else if !read {
-            wasted += length;
+        } else {
+            wasted += fetch.end - read_end;
         }
         drop(state);
         if let Some(next) = next {

@@ -18,8 +18,10 @@
 //! settled, or a second gone by, make it try larger again; a second with
 //! no stream reading starts it over. The memory the caller gives is
 //! shared among the streams reading, and one stream takes less of it
-//! while other reads arrive (on flash, none). Read-ahead data that is
-//! evicted unread halves its stream's window and stops the growth.
+//! while other reads arrive (on flash, none). A stream that reaches
+//! read-ahead data evicted before it got there has its window halved and
+//! stops the growth; a stream whose reader stopped leaves its data to go
+//! first. Windows are whole requests of the stream's size.
 //! A client that keeps several reads of a stream in flight gets none.
 //!
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
@@ -92,6 +94,9 @@ struct Stream {
     last_read_ns: u64,
     /// The stream's client reads not yet answered.
     outstanding: u32,
+    /// Where its earliest read-ahead data dropped unread began: reaching
+    /// it shows the window outgrew the memory (thrashing).
+    evicted_from: Option<u64>,
 }
 
 /// The window every stream of the volume grows toward, judged by what the
@@ -297,7 +302,11 @@ impl Streams {
         }
         // Never below a confirmed stream's first window: a stream that
         // reads nothing ahead would never show the device's costs again.
+        // Whole requests: a window that ends inside one leaves the read
+        // there half in the data held and half in the next read-ahead,
+        // so it goes to the device on its own, between the two.
         let window_max = window_max.max(FIRST_WINDOW_REQUESTS * length);
+        let window_max = window_max - window_max % length.max(1);
         let end = offset + length;
         let Some(stream) = self
             .streams
@@ -320,6 +329,9 @@ impl Streams {
         // is not left behind where a later reader would take it up.
         let advanced = end.saturating_sub(stream.frontier);
         stream.frontier = stream.frontier.max(end);
+        if stream.evicted_from.is_some_and(|at| end > at) {
+            Self::thrashed(&mut self.growth, stream);
+        }
         // A client that keeps several reads of the stream in flight drives
         // the device as deep as it likes: reading ahead would only add a
         // wait (and a copy) between it and the device.
@@ -376,14 +388,26 @@ impl Streams {
         (id, Some(plan))
     }
 
-    /// Data read ahead for `stream` was dropped before anyone read it.
-    pub fn wasted(&mut self, stream: u64) {
+    /// Data read ahead for `stream` from `start` on was dropped before
+    /// anyone read it. The window shrinks only if the stream then reads
+    /// there (see `thrashed`): a stream whose reader stopped left its data
+    /// unread, and that says nothing about the streams reading now.
+    pub fn evicted(&mut self, stream: u64, start: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
-            s.window /= 2;
-            self.growth.window = self.growth.window.min(s.window);
-            self.growth.settled = true;
-            self.growth.settled_with = u64::MAX;
+            s.evicted_from = Some(s.evicted_from.map_or(start, |at| at.min(start)));
         }
+    }
+
+    /// The stream read where its read-ahead had been dropped: halve its
+    /// window, stop the volume's growth for good (memory, not the device,
+    /// limits it now), and read ahead again from the reader.
+    fn thrashed(growth: &mut Growth, stream: &mut Stream) {
+        stream.evicted_from = None;
+        stream.window /= 2;
+        stream.ahead_end = stream.frontier;
+        growth.window = growth.window.min(stream.window);
+        growth.settled = true;
+        growth.settled_with = u64::MAX;
     }
 
     /// The window of the stream that `offset` would continue, for tests and
@@ -393,6 +417,14 @@ impl Streams {
             .iter()
             .find(|s| s.frontier == offset)
             .map(|s| s.window)
+    }
+
+    /// Whether `stream` is still tracked and read within the last
+    /// `ACTIVE_NS` before `now_ns`.
+    pub fn reading(&self, stream: u64, now_ns: u64) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.id == stream && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
     }
 
     /// A client read that `on_read` gave `stream` was answered.
@@ -423,6 +455,7 @@ impl Streams {
             last_read: now,
             last_read_ns: now_ns,
             outstanding: 1,
+            evicted_from: None,
         });
         self.next_id
     }
@@ -603,16 +636,31 @@ mod tests {
     }
 
     #[test]
-    fn wasted_read_ahead_halves_the_window() {
+    fn read_ahead_dropped_unread_halves_the_window_when_its_reader_gets_there() {
         let mut streams = Streams::default();
         let length = 64 * KIB;
         let mut last = None;
         for i in 0..50 {
             last = read(&mut streams, i * length, length).or(last);
         }
+        let plan = last.unwrap();
         let before = streams.window_at(50 * length).unwrap();
-        streams.wasted(last.unwrap().stream);
-        assert_eq!(streams.window_at(50 * length), Some(before / 2));
+        streams.evicted(plan.stream, plan.start);
+        assert_eq!(
+            streams.window_at(50 * length),
+            Some(before),
+            "a stream that never reads there again keeps its window"
+        );
+        let mut again = None;
+        for i in 50..plan.start / length + 1 {
+            again = read(&mut streams, i * length, length).or(again);
+        }
+        let at = plan.start / length + 1;
+        assert!(streams.window_at(at * length).unwrap() <= before / 2);
+        assert!(
+            again.is_some_and(|p| p.start < plan.end),
+            "the dropped range is read ahead again: {again:?}"
+        );
     }
 
     #[test]

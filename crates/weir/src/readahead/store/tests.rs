@@ -249,22 +249,38 @@ fn on_a_disk_a_stream_keeps_one_read_ahead_in_the_device_and_a_waiting_reader_pr
 }
 
 #[test]
-fn room_is_made_from_data_already_read_before_data_ahead_of_its_reader() {
+fn room_is_made_from_data_passed_then_stopped_streams_then_least_recently_used() {
     const MIB: u64 = 1 << 20;
-    let budget = ReadaheadBudget::new(Some(3 * MIB));
+    const SECOND_NS: u64 = 1_000_000_000;
+    let budget = ReadaheadBudget::new(Some(4 * MIB));
     let mut state = State::default();
     let length = 64 << 10;
-    let mut stream = 0;
-    for i in 0..64 {
+    let on_read = |state: &mut State, offset: u64, now_ns: u64| {
         let (id, _) = state
             .streams
-            .on_read(i * length, length, 64 * MIB, BLOCK, 1 << 30, i);
+            .on_read(offset, length, 64 * MIB, BLOCK, 1 << 30, now_ns);
         state.streams.answered(id);
-        stream = id;
+        id
+    };
+    // A stream that stopped two seconds ago, and one reading now.
+    let mut stopped = 0;
+    for i in 0..3 {
+        stopped = on_read(&mut state, (512 * MIB) + i * length, i);
     }
-    let window = state.streams.window_at(64 * length).unwrap();
-    // Read most recently, yet the first to go; then the two unread ones.
-    for (start, read, last_use) in [(0, true, 3), (MIB, false, 1), (2 * MIB, false, 2)] {
+    let now = 2 * SECOND_NS;
+    let mut reading = 0;
+    for i in 0..16 {
+        reading = on_read(&mut state, i * length, now + i);
+    }
+    let window = state.streams.window_at(16 * length).unwrap();
+    let segments = [
+        // (start, stream, read up to, last use)
+        (0, reading, MIB, 4),
+        (512 * MIB, stopped, 512 * MIB, 5),
+        (MIB, reading, MIB + 256 * 1024, 3),
+        (2 * MIB, reading, 2 * MIB, 2),
+    ];
+    for (start, stream, read_end, last_use) in segments {
         budget.hold(MIB);
         state.segments.insert(
             start,
@@ -272,27 +288,36 @@ fn room_is_made_from_data_already_read_before_data_ahead_of_its_reader() {
                 end: start + MIB,
                 buf: AlignedBuf::new(MIB as usize),
                 stream,
-                read,
+                read_end,
                 last_use,
             },
         );
     }
+    let held = |state: &State| state.segments.keys().copied().collect::<Vec<_>>();
     let mut wasted = 0;
-    assert!(state.make_room(MIB, &budget, &mut wasted));
-    assert_eq!(wasted, 0, "a segment already read went");
-    assert_eq!(
-        state.segments.keys().copied().collect::<Vec<_>>(),
-        [MIB, 2 * MIB]
-    );
-    assert!(state.make_room(3 * MIB, &budget, &mut wasted));
+    assert!(state.make_room(MIB, &budget, &mut wasted, now + 100));
+    assert_eq!(wasted, 0, "the segment its reader passed went first");
+    assert_eq!(held(&state), [MIB, 2 * MIB, 512 * MIB]);
+    assert!(state.make_room(2 * MIB, &budget, &mut wasted, now + 100));
+    assert_eq!(wasted, MIB, "then the stopped stream's");
+    assert_eq!(held(&state), [MIB, 2 * MIB]);
+    assert!(state.make_room(3 * MIB, &budget, &mut wasted, now + 100));
+    assert_eq!(held(&state), [MIB], "then the least recently used");
     assert_eq!(wasted, 2 * MIB);
-    assert_eq!(
-        state.streams.window_at(64 * length),
-        Some(window / 2),
-        "halved once for the two segments it lost in one go"
-    );
     assert!(
-        !state.make_room(4 * MIB, &budget, &mut wasted),
+        !state.make_room(5 * MIB, &budget, &mut wasted, now + 100),
         "more than the bound"
     );
+    assert_eq!(wasted, 2 * MIB + 768 * 1024, "only what was unread counts");
+    assert_eq!(
+        state.streams.window_at(16 * length),
+        Some(window),
+        "the window holds until the reader reaches what went"
+    );
+    let mut offset = 16 * length;
+    while offset <= MIB + 256 * 1024 {
+        on_read(&mut state, offset, now + 200);
+        offset += length;
+    }
+    assert!(state.streams.window_at(offset).unwrap() <= window / 2);
 }
