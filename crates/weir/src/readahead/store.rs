@@ -80,6 +80,8 @@ struct State {
     /// back until it is served (see `gate`).
     sent: HashMap<u64, u32>,
     held: HashMap<u64, VecDeque<(u64, Plan)>>,
+    /// Per stream, on a disk: when its read-ahead in the device was sent.
+    sent_at: HashMap<u64, u64>,
     next_id: u64,
     clock: u64,
 }
@@ -95,7 +97,12 @@ impl State {
     /// serves next whatever else waits (it is the cheapest to reach), so
     /// another stream's or a random reader's read would wait for the
     /// drive's own age limit, seconds.
-    fn gate(&mut self, pieces: Vec<(u64, Plan)>, one_at_a_time: bool) -> Vec<(u64, Plan)> {
+    fn gate(
+        &mut self,
+        pieces: Vec<(u64, Plan)>,
+        one_at_a_time: bool,
+        now_ns: u64,
+    ) -> Vec<(u64, Plan)> {
         if !one_at_a_time {
             return pieces;
         }
@@ -105,6 +112,7 @@ impl State {
             let sent = self.sent.entry(stream).or_insert(0);
             if *sent == 0 {
                 *sent += 1;
+                self.sent_at.insert(stream, now_ns);
                 now.push(piece);
             } else {
                 self.held.entry(stream).or_default().push_back(piece);
@@ -113,19 +121,53 @@ impl State {
         now
     }
 
-    /// A read-ahead of `stream` is back: its next held one, if any, goes.
-    fn landed(&mut self, stream: u64) -> Option<(u64, Plan)> {
+    /// A read-ahead of `stream` is back: its next held one, if any, goes,
+    /// unless the stream's reader has not read since it was sent and waits
+    /// for none of them. Then its held ones are dropped: a reader that
+    /// stopped (or that reads slower than its disk) would otherwise leave
+    /// a queue of windows to take the disk from the readers that remain.
+    /// Its next read plans again from where the dropped ones began.
+    fn landed(&mut self, stream: u64, waited_for: bool, now_ns: u64) -> Option<(u64, Plan)> {
         let sent = self.sent.get_mut(&stream)?;
         *sent -= 1;
-        let next = self.held.get_mut(&stream).and_then(|held| held.pop_front());
+        let sent_at = self.sent_at.remove(&stream).unwrap_or(0);
+        let held = self.held.remove(&stream).unwrap_or_default();
+        let waited_for = waited_for
+            || held
+                .iter()
+                .any(|(id, _)| self.fetches.get(id).is_some_and(|f| !f.waiting.is_empty()));
+        let mut held = if waited_for || self.streams.read_since(stream, sent_at) {
+            held
+        } else {
+            if let Some((_, first)) = held.front() {
+                self.streams.rewind(stream, first.start);
+            }
+            for (id, _) in &held {
+                self.fetches.remove(id);
+            }
+            VecDeque::new()
+        };
+        // What the reader already read by itself need not come again.
+        let frontier = self.streams.frontier(stream).unwrap_or(0);
+        while let Some((id, _)) = held.front().filter(|(id, plan)| {
+            plan.end <= frontier && self.fetches.get(id).is_some_and(|f| f.waiting.is_empty())
+        }) {
+            self.fetches.remove(id);
+            held.pop_front();
+        }
+        let next = held.pop_front();
+        if !held.is_empty() {
+            self.held.insert(stream, held);
+        }
         match next {
             Some(piece) => {
+                let sent = self.sent.get_mut(&stream).expect("looked up above");
                 *sent += 1;
+                self.sent_at.insert(stream, now_ns);
                 Some(piece)
             }
             None => {
                 self.sent.remove(&stream);
-                self.held.remove(&stream);
                 None
             }
         }
@@ -168,9 +210,9 @@ impl State {
         true
     }
 
-    /// Drop the segments overlapping `[start, end)`; mark fetches in
-    /// flight there stale. Returns the bytes dropped unread.
-    fn invalidate(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
+    /// Drop the segments overlapping `[start, end)`. Returns the bytes
+    /// dropped unread.
+    fn drop_segments(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
         let doomed: Vec<u64> = self
             .segments
             .range(..end)
@@ -183,6 +225,13 @@ impl State {
             budget.release(segment.end - s);
             wasted += segment.end - segment.read_end.max(s);
         }
+        wasted
+    }
+
+    /// Drop the segments overlapping `[start, end)`; mark fetches in
+    /// flight there stale. Returns the bytes dropped unread.
+    fn invalidate(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
+        let wasted = self.drop_segments(start, end, budget);
         for fetch in self.fetches.values_mut() {
             if overlaps((fetch.start, fetch.end), (start, end)) {
                 fetch.stale = true;
@@ -321,7 +370,7 @@ impl ReadaheadStore {
             };
             let read_ahead = plan.map_or_else(Vec::new, |plan| {
                 let pieces = self.register(&mut state, plan, piece_bytes);
-                state.gate(pieces, info.rotational)
+                state.gate(pieces, info.rotational, now_ns)
             });
             let end = offset + length;
             let answered = if state.take_from_segments(offset, &mut buf) {
@@ -439,7 +488,8 @@ impl ReadaheadStore {
     fn fetched(&self, id: u64, outcome: Outcome) {
         let mut state = self.state();
         let fetch = state.fetches.remove(&id).expect("a fetch lands once");
-        let next = state.landed(fetch.stream);
+        let now_ns = (self.clock)();
+        let next = state.landed(fetch.stream, !fetch.waiting.is_empty(), now_ns);
         // Whoever waits for a held read-ahead waits for it as for a
         // client read.
         let next = next.map(|(id, plan)| {
@@ -488,13 +538,15 @@ impl ReadaheadStore {
             read_end = read_end.max(w.offset + len as u64);
             answers.push(w);
         }
-        let mut wasted = 0;
-        let now_ns = (self.clock)();
+        // Held data this range overlaps (read ahead for another stream, or
+        // for an earlier pass over it) goes: the newer bytes stay, and
+        // segments never overlap, which `take_from_segments` relies on.
+        let mut wasted = state.drop_segments(fetch.start, fetch.end, &self.budget);
         if state.make_room(length, &self.budget, &mut wasted, now_ns) {
             state.clock += 1;
             let last_use = state.clock;
             self.budget.hold(length);
-            let replaced = state.segments.insert(
+            state.segments.insert(
                 fetch.start,
                 Segment {
                     end: fetch.end,
@@ -504,10 +556,6 @@ impl ReadaheadStore {
                     last_use,
                 },
             );
-            // Another stream read the same range ahead: the newer bytes stay.
-            if let Some(old) = replaced {
-                self.budget.release(old.end - fetch.start);
-            }
         } else {
             wasted += fetch.end - read_end;
         }

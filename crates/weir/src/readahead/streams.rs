@@ -312,7 +312,10 @@ impl Streams {
             .streams
             .iter_mut()
             .filter(|s| s.continued_by(offset, length))
-            .min_by_key(|s| s.frontier.abs_diff(offset))
+            // A confirmed stream before a lone read that happens to end
+            // here (a random reader's, say): that would take the stream's
+            // reads and read its window again from the start.
+            .min_by_key(|s| (s.reads < 2, s.frontier.abs_diff(offset)))
         else {
             if self.other_reads_ns.len() == OTHER_READS {
                 self.other_reads_ns.pop_front();
@@ -425,6 +428,29 @@ impl Streams {
         self.streams
             .iter()
             .any(|s| s.id == stream && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
+    }
+
+    /// The end of `stream`'s furthest read.
+    pub fn frontier(&self, stream: u64) -> Option<u64> {
+        self.streams
+            .iter()
+            .find(|s| s.id == stream)
+            .map(|s| s.frontier)
+    }
+
+    /// Whether `stream` has read at or after `since_ns`.
+    pub fn read_since(&self, stream: u64, since_ns: u64) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.id == stream && s.last_read_ns >= since_ns)
+    }
+
+    /// What `stream` had planned from `start` on was not read ahead: its
+    /// next read plans from there.
+    pub fn rewind(&mut self, stream: u64, start: u64) {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
+            s.ahead_end = s.ahead_end.min(start).max(s.frontier);
+        }
     }
 
     /// A client read that `on_read` gave `stream` was answered.
@@ -771,6 +797,22 @@ mod tests {
             "{} after {settled}",
             streams.growth.window
         );
+    }
+
+    #[test]
+    fn a_lone_read_ending_where_a_stream_reads_does_not_take_it_over() {
+        let mut streams = Streams::default();
+        let length = 64 * KIB;
+        // A random reader's read, by chance just ahead of a stream.
+        let (lone, _) = streams.on_read(20 * length, length, MAX, 4096, SIZE, 1);
+        streams.answered(lone);
+        let mut ids = Vec::new();
+        for i in 0..40 {
+            let (id, _) = streams.on_read(i * length, length, MAX, 4096, SIZE, 2 + i);
+            streams.answered(id);
+            ids.push(id);
+        }
+        assert!(ids.iter().all(|id| *id == ids[0] && *id != lone), "{ids:?}");
     }
 
     #[test]

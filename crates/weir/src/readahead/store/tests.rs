@@ -321,3 +321,89 @@ fn room_is_made_from_data_passed_then_stopped_streams_then_least_recently_used()
     }
     assert!(state.streams.window_at(offset).unwrap() <= window / 2);
 }
+
+#[test]
+fn passes_over_the_same_range_read_its_bytes_and_hold_no_overlapping_data() {
+    for seed in 0..50 {
+        let held = HeldStore::new();
+        let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(4 << 20)));
+        let mut rng = Rng::new(seed);
+        let pattern: Vec<u8> = (0..SIZE).map(|i| (i / 4096) as u8 ^ (i as u8)).collect();
+        write(&store, 0, &pattern);
+        // Passes of different request sizes and starting points, one after
+        // another and two at once, so windows land over each other's.
+        let passes: [(u64, u64); 3] = [(0, 64 << 10), (32 << 10, 128 << 10), (4096, 16 << 10)];
+        for (start, length) in passes {
+            let mut a = start;
+            let mut b = start + (1 << 20);
+            while b + length <= SIZE as u64 {
+                for offset in [a, b] {
+                    let got = read(&store, &held, &mut rng, offset, length);
+                    assert_eq!(got, pattern[offset as usize..(offset + length) as usize]);
+                }
+                a += length;
+                b += length;
+            }
+            let state = store.state();
+            let mut end = 0;
+            for (&s, segment) in &state.segments {
+                assert!(s >= end, "seed {seed}: segments overlap at {s}");
+                end = segment.end;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
+    let mut state = State::default();
+    let length = 64 << 10;
+    let read = |state: &mut State, i: u64, now_ns: u64| {
+        let (id, plan) =
+            state
+                .streams
+                .on_read(i * length, length, 64 << 20, BLOCK, 1 << 30, now_ns);
+        state.streams.answered(id);
+        plan
+    };
+    // A reader that runs ahead through what is held plans three windows
+    // while the first is in the disk: one goes, two wait for it.
+    let mut plans = Vec::new();
+    let mut i = 0;
+    while plans.len() < 3 {
+        if let Some(plan) = read(&mut state, i, 10 + i) {
+            let id = plans.len() as u64 + 1;
+            state.fetches.insert(
+                id,
+                Fetch {
+                    start: plan.start,
+                    end: plan.end,
+                    stream: plan.stream,
+                    stale: false,
+                    urgent: false,
+                    waiting: Vec::new(),
+                },
+            );
+            plans.push((id, plan));
+        }
+        i += 1;
+    }
+    let stream = plans[0].1.stream;
+    let sent = state.gate(plans.clone(), true, 100);
+    assert_eq!(sent.len(), 1);
+    // The reader read while the first was in the disk: the next goes.
+    state.fetches.remove(&1);
+    read(&mut state, i, 150);
+    assert_eq!(state.landed(stream, false, 200).map(|(id, _)| id), Some(2));
+    // It did not read while the second was: the third is dropped, and the
+    // stream reads ahead from its start again when its reader returns.
+    state.fetches.remove(&2);
+    assert_eq!(state.landed(stream, false, 300), None);
+    assert!(!state.fetches.contains_key(&3));
+    assert!(state.held.is_empty() && state.sent.is_empty());
+    let dropped = plans[2].1;
+    let next = (i + 1..i + 64)
+        .find_map(|j| read(&mut state, j, 400 + j))
+        .expect("it reads ahead again");
+    assert_eq!(next.start, dropped.start);
+}
