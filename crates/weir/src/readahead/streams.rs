@@ -62,6 +62,12 @@ const OTHER_READS: usize = 4;
 /// Reads that make a stream established: more established streams than
 /// when the volume's window settled make it grow again.
 const ESTABLISHED_READS: u64 = 16;
+/// Reads in a row with no other of the stream in flight before a client
+/// that kept several in flight gets read-ahead again: one that sends its
+/// reads in batches has a single one in flight between batches now and
+/// then, and a window planned then only puts a copy between its queue and
+/// the device.
+const DEEP_CLIENT_READS: u64 = 64;
 /// A settled window is tried larger again after this long: the streams
 /// and the device's other work change, and a window settled on rates
 /// that no longer hold (readers gone, or readers that found their data
@@ -94,6 +100,9 @@ struct Stream {
     last_read_ns: u64,
     /// The stream's client reads not yet answered.
     outstanding: u32,
+    /// No read-ahead before this many reads: its client kept several in
+    /// flight lately.
+    deep_until_reads: u64,
     /// Where its earliest read-ahead data dropped unread began: reaching
     /// it shows the window outgrew the memory (thrashing).
     evicted_from: Option<u64>,
@@ -339,6 +348,10 @@ impl Streams {
         // the device as deep as it likes: reading ahead would only add a
         // wait (and a copy) between it and the device.
         if stream.outstanding > 1 {
+            stream.deep_until_reads = stream.reads + DEEP_CLIENT_READS;
+            return (id, None);
+        }
+        if stream.reads < stream.deep_until_reads {
             return (id, None);
         }
         // On flash, a stream beside other readers reads only what its
@@ -482,6 +495,7 @@ impl Streams {
             last_read_ns: now_ns,
             outstanding: 1,
             evicted_from: None,
+            deep_until_reads: 0,
         });
         self.next_id
     }
@@ -839,6 +853,31 @@ mod tests {
                 streams.answered(outstanding.remove(0));
             }
         }
+    }
+
+    #[test]
+    fn a_client_that_sends_reads_in_batches_gets_none_between_them() {
+        let mut streams = Streams::default();
+        let length = 1 << 20;
+        let mut i = 0;
+        // Batches of eight: all sent, then all answered, so the first of
+        // each batch finds none of the stream's in flight.
+        for _ in 0..16 {
+            let mut batch = Vec::new();
+            for _ in 0..8 {
+                let (stream, plan) = streams.on_read(i * length, length, MAX, 4096, SIZE, i);
+                assert_eq!(plan, None, "read {i}");
+                batch.push(stream);
+                i += 1;
+            }
+            for stream in batch {
+                streams.answered(stream);
+            }
+        }
+        // One read at a time from then on: read-ahead comes back.
+        let planned = (i..i + DEEP_CLIENT_READS + 2)
+            .any(|j| read(&mut streams, j * length, length).is_some());
+        assert!(planned);
     }
 
     #[test]
