@@ -244,7 +244,11 @@ engine runs random and sequential readers on it; a libnbd client runs two
 connections. Rounds alternate off and on; the table gives the medians and the
 range of the per-round ratios, since in real time on a shared machine a cell
 can move by a third between identical runs. The streams run last, on the
-server the fio jobs used. The same readers and more, in virtual time where
+server the fio jobs used. Each stream reads one half of the device, and a
+disk's inner half reads slower than its outer one, so the lines under the
+table judge the streams against the mean of both halves' sequential rates
+(1 MiB QD8 from the start and from the middle, readahead off), as the
+virtual-time scenario does. The same readers and more, in virtual time where
 a run repeats exactly: `weir bench readahead` in [scenarios.md](scenarios.md)."""))
     parts.append("""## More
 
