@@ -435,27 +435,26 @@ impl Streams {
             .map(|s| s.window)
     }
 
+    fn stream(&self, id: u64) -> Option<&Stream> {
+        self.streams.iter().find(|s| s.id == id)
+    }
+
     /// Whether `stream` is still tracked and read within the last
     /// `ACTIVE_NS` before `now_ns`.
     pub fn reading(&self, stream: u64, now_ns: u64) -> bool {
-        self.streams
-            .iter()
-            .any(|s| s.id == stream && now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
+        self.stream(stream)
+            .is_some_and(|s| now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS)
     }
 
     /// The end of `stream`'s furthest read.
     pub fn frontier(&self, stream: u64) -> Option<u64> {
-        self.streams
-            .iter()
-            .find(|s| s.id == stream)
-            .map(|s| s.frontier)
+        self.stream(stream).map(|s| s.frontier)
     }
 
     /// Whether `stream` has read at or after `since_ns`.
     pub fn read_since(&self, stream: u64, since_ns: u64) -> bool {
-        self.streams
-            .iter()
-            .any(|s| s.id == stream && s.last_read_ns >= since_ns)
+        self.stream(stream)
+            .is_some_and(|s| s.last_read_ns >= since_ns)
     }
 
     /// What `stream` had planned from `start` on was not read ahead: its
