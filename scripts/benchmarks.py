@@ -35,6 +35,8 @@ SCENARIOS = {  # name: (weir bench arguments, what it shows)
     "mirror-reads": (["mirror-reads"], "the mirror read policies on mixed, equal and slowing copies"),
     "scrub-vs-randread": (["scrub-vs-randread"], "a sequential scrub starving random reads on one HDD (fifo)"),
     "readahead": (["readahead"], "readers of every kind on HDD, SSD and NVMe models with readahead off and on"),
+    "streams": (["streams"], "one and two QD1 64 KiB streams on the HDD model through 1, 4 and 16 connections each, "
+                "readahead off and on (the thread-pool storage target's collapse)"),
     "writeback-vs-randread": (["writeback-vs-randread"],
                               "a 1 MiB writer beside a 4 KiB random reader through the write-back cache, "
                               "under no throttle, Linux wbt and weir's adaptive queue, on HDD, SSD and NVMe"),

@@ -138,7 +138,7 @@ class ModelDevices(unittest.TestCase):
 class Bench(unittest.TestCase):
     def test_simulated_scenarios_meet_their_checks_and_repeat_exactly(self):
         with tempfile.TemporaryDirectory() as out:
-            for scenario in ["calibrate", "scrub-vs-randread", "writeback-vs-randread"]:
+            for scenario in ["calibrate", "scrub-vs-randread", "streams", "writeback-vs-randread"]:
                 result = run(WEIR, "bench", scenario, "--sim", "--out", out, check=False, timeout=120)
                 self.assertIn("log2 histogram", result.stdout)
                 if scenario == "writeback-vs-randread":
@@ -224,6 +224,18 @@ class Bench(unittest.TestCase):
             self.assertGreater(streams["r"]["ops"], 100)
             self.assertGreater(streams["w"]["ops"], 10)
             self.assertEqual(streams["r"]["errors"], 0)
+
+    def test_bench_run_spreads_a_job_over_its_connections(self):
+        with Weir("--log-level", "debug", "--export", "disk=model:nvme,size=1G") as w, \
+                tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "run.json")
+            run(WEIR, "bench", "run", "--uri", w.uri("disk"), "--job", "name=s,rw=read,bs=64k,qd=4,conns=3",
+                "--seconds", "1", "--json", path, timeout=60)
+            with open(path) as f:
+                stream = json.load(f)["runs"][0]["streams"][0]
+            self.assertGreater(stream["ops"], 100)
+            self.assertEqual(stream["errors"], 0)
+            self.assertEqual(w.logs().count("client connected"), 3, w.logs()[-2000:])
 
     def test_real_time_bench_refuses_a_pool_dir_it_cannot_use(self):
         # A path under a regular file cannot hold a directory.

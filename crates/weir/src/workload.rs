@@ -1,5 +1,5 @@
 //! Workload jobs: `name=reader,rw=randread,bs=4k,qd=1[,rate=N/s][,mix=0.7]
-//! [,offset=..][,size=..][,start=S][,stop=S][,class=..]`, and the
+//! [,offset=..][,size=..][,start=S][,stop=S][,class=..][,conns=N]`, and the
 //! sans-IO generator that turns a job into a stream of requests.
 
 use serde::Serialize;
@@ -8,6 +8,10 @@ use crate::device::model::{IoKind, Nanos, NANOS_PER_SEC};
 use crate::rng::Rng;
 use crate::sched::IoClass;
 use crate::units::parse_bytes;
+
+/// Connections one job may open: enough for any multi-connection client,
+/// few enough that a typo cannot exhaust a server's connection limit.
+pub const CONNS_MAX: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -38,6 +42,11 @@ pub struct JobSpec {
     pub think_s: f64,
     #[serde(skip)]
     pub class: Option<IoClass>,
+    /// Spread consecutive requests round-robin over this many connections
+    /// (in the simulator: server threads that each hand a request on after
+    /// a random delay, so requests reach the volume reordered). None: one
+    /// connection, and in the simulator no server threads at all.
+    pub conns: Option<u32>,
     /// The job as written.
     pub text: String,
 }
@@ -57,6 +66,7 @@ impl JobSpec {
             stop_s: None,
             think_s: 0.0,
             class: None,
+            conns: None,
             text: text.into(),
         };
         let mut saw_rw = false;
@@ -106,6 +116,13 @@ impl JobSpec {
                 "class" => {
                     job.class = Some(IoClass::parse(value).ok_or_else(|| bad("unknown class"))?)
                 }
+                "conns" => {
+                    let conns: u32 = value.parse().map_err(|_| bad("want an integer"))?;
+                    if !(1..=CONNS_MAX).contains(&conns) {
+                        return Err(bad(&format!("want 1-{CONNS_MAX} connections")));
+                    }
+                    job.conns = Some(conns);
+                }
                 _ => return Err(bad("unknown job key")),
             }
         }
@@ -140,6 +157,11 @@ impl JobSpec {
 
     pub fn think_ns(&self) -> Nanos {
         (self.think_s * NANOS_PER_SEC as f64) as Nanos
+    }
+
+    /// The connections the job's requests are spread over.
+    pub fn connections(&self) -> u32 {
+        self.conns.unwrap_or(1)
     }
 
     pub fn stop_ns(&self) -> Option<Nanos> {
@@ -260,7 +282,12 @@ mod tests {
                 .rate_per_sec,
             Some(200.0)
         );
+        assert_eq!(JobSpec::parse("rw=read,conns=4").unwrap().conns, Some(4));
+        assert_eq!(JobSpec::parse("rw=read").unwrap().conns, None);
         for bad in [
+            "rw=read,conns=0",
+            "rw=read,conns=65",
+            "rw=read,conns=two",
             "bs=4k",
             "rw=sideways",
             "rw=read,bs=100",

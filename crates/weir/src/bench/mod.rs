@@ -21,6 +21,7 @@ pub mod real;
 pub mod report;
 pub mod scenarios;
 pub mod served;
+pub mod streams;
 pub mod writeback;
 
 use std::path::{Path, PathBuf};

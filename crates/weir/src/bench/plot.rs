@@ -232,3 +232,58 @@ pub fn step_plot(
     canvas.text(MARGIN_LEFT, HEIGHT - 20, caption, 1, BLACK);
     canvas
 }
+
+/// Groups of bars on a 0-1 share scale: each group (label, one value per
+/// series), the series named in a legend, and a line across at
+/// `mark` (a target share) when given.
+pub fn share_bars(
+    title: &str,
+    series: &[&str],
+    groups: &[(String, Vec<f64>)],
+    mark: Option<f64>,
+    caption: &str,
+) -> Canvas {
+    const HEIGHT: i64 = 420;
+    let mut canvas = Canvas::new(WIDTH, HEIGHT as usize, [255, 255, 255]);
+    canvas.text(MARGIN_LEFT, 15, title, 2, BLACK);
+    let (top, bottom) = (TOP + 10, HEIGHT - 60);
+    let plot_width = WIDTH as i64 - MARGIN_LEFT - MARGIN_RIGHT - 220;
+    let plot_height = bottom - top;
+    let y_of = |value: f64| bottom - (YScale::Share.position(value) * plot_height as f64) as i64;
+    for (value, label) in YScale::Share.ticks() {
+        canvas.fill(MARGIN_LEFT, y_of(value), plot_width, 1, GREY);
+        canvas.text(12, y_of(value) - 3, &label, 1, BLACK);
+    }
+    let group_width = plot_width / groups.len().max(1) as i64;
+    let bar_width = (group_width - 16) / series.len().max(1) as i64;
+    for (g, (label, values)) in groups.iter().enumerate() {
+        let left = MARGIN_LEFT + g as i64 * group_width + 8;
+        for (s, value) in values.iter().enumerate() {
+            let y = y_of(*value);
+            let x = left + s as i64 * bar_width;
+            canvas.fill(x, y, bar_width - 2, bottom - y, COLOURS[s % COLOURS.len()]);
+            let text = format!("{value:.2}");
+            let tx = x + (bar_width - 2 - Canvas::text_width(&text, 1)) / 2;
+            canvas.text(tx, y - 10, &text, 1, BLACK);
+        }
+        let lx = left + (group_width - 16 - Canvas::text_width(label, 1)) / 2;
+        canvas.text(lx, bottom + 10, label, 1, BLACK);
+    }
+    canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
+    if let Some(mark) = mark {
+        canvas.fill(MARGIN_LEFT, y_of(mark) - 1, plot_width, 2, BLACK);
+    }
+    let lx = WIDTH as i64 - MARGIN_RIGHT - 200;
+    for (s, name) in series.iter().enumerate() {
+        canvas.fill(
+            lx,
+            top + 10 + s as i64 * 14,
+            10,
+            10,
+            COLOURS[s % COLOURS.len()],
+        );
+        canvas.text(lx + 14, top + 11 + s as i64 * 14, name, 1, BLACK);
+    }
+    canvas.text(MARGIN_LEFT, HEIGHT - 20, caption, 1, BLACK);
+    canvas
+}

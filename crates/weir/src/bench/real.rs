@@ -1,6 +1,8 @@
-//! The real-time driver: each job gets its own NBD connection, a sender
-//! thread that keeps `qd` requests in flight (or sends Poisson arrivals on
-//! an absolute schedule) and a receiver thread that times the replies.
+//! The real-time driver: each job gets its own NBD connections (one, or
+//! `conns=N` with consecutive requests sent round-robin over them), a
+//! sender thread that keeps `qd` requests in flight (or sends Poisson
+//! arrivals on an absolute schedule) and a receiver thread per connection
+//! that times the replies.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -50,15 +52,21 @@ pub fn run(
 ) -> anyhow::Result<Vec<StreamResult>> {
     let mut connections = Vec::new();
     for job in jobs {
-        let connection = nbd_client::connect(uri)?;
+        let mut sockets = Vec::new();
+        let mut size_bytes = u64::MAX;
+        for _ in 0..job.connections() {
+            let connection = nbd_client::connect(uri)?;
+            size_bytes = size_bytes.min(connection.size_bytes);
+            sockets.push(connection.socket);
+        }
         let generator =
-            Generator::new(job.clone(), connection.size_bytes, seed).map_err(anyhow::Error::msg)?;
-        connections.push((connection, generator));
+            Generator::new(job.clone(), size_bytes, seed).map_err(anyhow::Error::msg)?;
+        connections.push((sockets, generator));
     }
     let epoch = Instant::now();
     let mut threads = Vec::new();
     let mut shared_all = Vec::new();
-    for (connection, generator) in connections {
+    for (sockets, generator) in connections {
         let job = generator.job().clone();
         let stop = job.stop_ns().unwrap_or(duration).min(duration);
         let shared = Arc::new(Shared {
@@ -80,17 +88,16 @@ pub fn run(
             epoch,
             stop,
         });
-        let reader = connection
-            .socket
-            .try_clone()
-            .context("cannot clone the socket")?;
-        let receiver_shared = Arc::clone(&shared);
-        threads.push(std::thread::spawn(move || {
-            receive(reader, &receiver_shared)
-        }));
+        for socket in &sockets {
+            let reader = socket.try_clone().context("cannot clone the socket")?;
+            let receiver_shared = Arc::clone(&shared);
+            threads.push(std::thread::spawn(move || {
+                receive(reader, &receiver_shared)
+            }));
+        }
         let sender_shared = Arc::clone(&shared);
         threads.push(std::thread::spawn(move || {
-            send(connection.socket, generator, &sender_shared)
+            send(sockets, generator, &sender_shared)
         }));
         shared_all.push(shared);
     }
@@ -115,7 +122,8 @@ fn sleep_until(shared: &Shared, at: Nanos) {
     }
 }
 
-fn send(mut socket: Socket, mut generator: Generator, shared: &Shared) {
+/// Sends the job's requests, each on the next of `sockets`.
+fn send(mut sockets: Vec<Socket>, mut generator: Generator, shared: &Shared) {
     let job = generator.job().clone();
     let payload = vec![0x5au8; job.bs as usize];
     sleep_until(shared, job.start_ns());
@@ -168,6 +176,8 @@ fn send(mut socket: Socket, mut generator: Generator, shared: &Shared) {
                 IoKind::Discard => CMD_TRIM,
             };
             let header = request_header(command, handle, offset, length as u32);
+            let turn = handle as usize % sockets.len();
+            let socket = &mut sockets[turn];
             let sent = socket.write_all(&header).and_then(|()| {
                 if kind == IoKind::Write {
                     socket.write_all(&payload[..length as usize])
@@ -192,8 +202,10 @@ fn send(mut socket: Socket, mut generator: Generator, shared: &Shared) {
         }
     }
     drop(flight);
-    let _ = socket.write_all(&request_header(CMD_DISC, 0, 0, 0));
-    socket.shutdown();
+    for mut socket in sockets {
+        let _ = socket.write_all(&request_header(CMD_DISC, 0, 0, 0));
+        socket.shutdown();
+    }
 }
 
 fn receive(mut socket: Socket, shared: &Shared) {

@@ -32,6 +32,8 @@ pub enum BenchCommand {
     MirrorReads(ScenarioArgs),
     /// Readahead off and on for readers on each device model (virtual time; real time: bench/readahead.sh).
     Readahead(ScenarioArgs),
+    /// One and two QD1 64 KiB streams on an HDD through 1, 4 and 16 connections each, readahead off and on (virtual time).
+    Streams(ScenarioArgs),
     /// CPU cost of the device queue: enqueue + next_to_issue + complete per I/O, per mode, on one core.
     QueueOverhead(OverheadArgs),
     /// Draw a saved JSON report's latency histograms again, as a PNG beside it.
@@ -88,7 +90,7 @@ pub struct RunArgs {
     /// Real time through NBD: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH.
     #[arg(long)]
     uri: Option<String>,
-    /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,think=T,mix=F,offset=B,size=B,start=S,stop=S,class=C].
+    /// A workload: name=N,rw=randread,bs=4k,qd=1[,rate=N/s,think=T,mix=F,offset=B,size=B,start=S,stop=S,class=C,conns=N].
     #[arg(long = "job", required_unless_present = "scrub")]
     jobs: Vec<String>,
     #[arg(long, default_value_t = 10.0)]
@@ -136,6 +138,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
             scenario(args, 10.0, crate::bench::mirror_reads::mirror_reads)
         }
         BenchCommand::Readahead(args) => scenario(args, 5.0, crate::bench::readahead::readahead),
+        BenchCommand::Streams(args) => scenario(args, 10.0, crate::bench::streams::streams),
         BenchCommand::QueueOverhead(args) => {
             print!("{}", crate::bench::overhead::run(args.ios)?);
             let rerun: Vec<String> = std::env::args().collect();

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //!   jobs (closed loop: qd in flight; open loop: Poisson arrivals)
+//!     │ with conns=N: N server threads, each a random delay, reorder them
 //!     │ one device, or a mirror: reads to the copy a read policy picks, writes
 //!     │ to every copy, scrub reads each copy in LBA order on its own
 //!     ▼                                                   ▲ completions
@@ -24,9 +25,11 @@ use crate::stats::LatencyStats;
 use crate::workload::{Generator, JobSpec, Rw};
 
 mod cache;
+mod connections;
 mod readahead;
 use cache::SimCache;
 pub use cache::{CacheRun, WbThrottle};
+use connections::ServerThreads;
 pub use readahead::ReadaheadRun;
 use readahead::SimReadahead;
 
@@ -90,7 +93,16 @@ struct JobState {
     backlog: std::collections::VecDeque<Nanos>,
     next_arrival: Option<Nanos>,
     stop: Nanos,
+    /// With `conns=N`: the server threads its requests pass through.
+    threads: Option<ServerThreads>,
     result: StreamResult,
+}
+
+/// A request on its way through a server thread to the volume.
+struct Handing {
+    job: usize,
+    arrived: Nanos,
+    io: (IoKind, u64, u64),
 }
 
 struct Pending {
@@ -142,6 +154,10 @@ pub struct Simulation {
     failing: BinaryHeap<Reverse<(Nanos, u64)>>,
     /// Closed-loop jobs thinking: (when, job index).
     thinking: BinaryHeap<Reverse<(Nanos, usize)>>,
+    /// Requests passing through server threads: (when they reach the
+    /// volume, request id), and the requests themselves.
+    handing_at: BinaryHeap<Reverse<(Nanos, u64)>>,
+    handing: HashMap<u64, Handing>,
     next_id: u64,
     /// A scrub's first I/Os go round the copies; after that each goes to
     /// the device whose scrub read just finished (`scrub_next`).
@@ -194,9 +210,11 @@ impl Simulation {
         let job_count = jobs.len();
         let jobs = jobs
             .iter()
-            .map(|job| {
+            .enumerate()
+            .map(|(index, job)| {
                 let generator = Generator::new(job.clone(), size, seed)?;
                 let stop = job.stop_ns().unwrap_or(duration).min(duration);
+                let threads_seed = crate::rng::mix(seed ^ crate::rng::mix(index as u64 + 1));
                 Ok(JobState {
                     generator,
                     started: false,
@@ -204,6 +222,7 @@ impl Simulation {
                     backlog: Default::default(),
                     next_arrival: None,
                     stop,
+                    threads: job.conns.map(|n| ServerThreads::new(n, threads_seed)),
                     result: StreamResult {
                         job: job.clone(),
                         ops: 0,
@@ -234,6 +253,8 @@ impl Simulation {
             parts: HashMap::new(),
             failing: BinaryHeap::new(),
             thinking: BinaryHeap::new(),
+            handing_at: BinaryHeap::new(),
+            handing: HashMap::new(),
             next_id: 1,
             scrub_turn: 0,
             scrub_next: None,
@@ -338,6 +359,14 @@ impl Simulation {
                 self.thinking.pop();
                 self.issue(index, at, at);
             }
+            while let Some(Reverse((at, id))) = self.handing_at.peek().copied() {
+                if at > now {
+                    break;
+                }
+                self.handing_at.pop();
+                let handing = self.handing.remove(&id).expect("a handed request");
+                self.admit(handing, id, at);
+            }
             self.cache_timers(now);
             self.readahead_replies(now);
             for index in 0..self.jobs.len() {
@@ -373,6 +402,7 @@ impl Simulation {
         });
         let failing = self.failing.peek().map(|Reverse((at, _))| *at);
         let thinking = self.thinking.peek().map(|Reverse((at, _))| *at);
+        let handing = self.handing_at.peek().map(|Reverse((at, _))| *at);
         let devices = self.devices.iter().flat_map(|d| {
             d.model
                 .next_event()
@@ -385,6 +415,7 @@ impl Simulation {
             .chain(readahead)
             .chain(failing)
             .chain(thinking)
+            .chain(handing)
             .chain(cache)
             .min()
     }
@@ -551,11 +582,32 @@ impl Simulation {
         if now >= job.stop {
             return;
         }
-        let (kind, offset, length) = job.generator.next_io();
-        let class = Self::class_of(&job.result.job, kind);
+        let io = job.generator.next_io();
         job.in_flight += 1;
         let id = self.next_id;
         self.next_id += 1;
+        let handing = Handing {
+            job: index,
+            arrived,
+            io,
+        };
+        match &mut job.threads {
+            Some(threads) => {
+                self.handing_at.push(Reverse((threads.hand_on(now), id)));
+                self.handing.insert(id, handing);
+            }
+            None => self.admit(handing, id, now),
+        }
+    }
+
+    /// A job's request `id` reaches the volume at `now`.
+    fn admit(&mut self, handing: Handing, id: u64, now: Nanos) {
+        let Handing {
+            job: index,
+            arrived,
+            io: (kind, offset, length),
+        } = handing;
+        let class = Self::class_of(&self.jobs[index].result.job, kind);
         if let Some(cache) = &mut self.cache {
             if kind == IoKind::Write && class == IoClass::SyncWrite {
                 return self.cache_write(index, id, arrived, offset, length);
