@@ -518,6 +518,11 @@ impl ReadaheadStore {
         let mut state = self.state();
         let fetch = state.fetches.remove(&id).expect("a fetch lands once");
         let now_ns = (self.clock)();
+        // On a disk a stream has one read-ahead in the device at a time.
+        if let Some(&sent_at) = state.sent_at.get(&fetch.stream) {
+            let ns = now_ns.saturating_sub(sent_at);
+            state.streams.window_served(fetch.end - fetch.start, ns);
+        }
         let next = state.landed(fetch.stream, !fetch.waiting.is_empty(), now_ns);
         // Whoever waits for a held read-ahead waits for it as for a
         // client read.

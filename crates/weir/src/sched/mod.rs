@@ -4,7 +4,7 @@
 //! (zfs.rs, adaptive.rs) lets it go to the device. docs/scheduler.md.
 
 mod adaptive;
-pub use adaptive::Ewma;
+pub use adaptive::{Ewma, LinearCost};
 mod device_queue;
 pub mod queue;
 pub mod wbt;
