@@ -37,6 +37,15 @@ const RANDOM_IOPS_MIN: f64 = 0.97;
 const RANDOM_BYTES_MAX: f64 = 1.05;
 /// On flash, every job (each of its readers) keeps this share.
 const FLASH_JOB_MIN: f64 = 0.97;
+/// On a disk, a random reader beside a stream keeps this share of its
+/// reads, and one reading now and then its p99 within this factor, as a
+/// reader beside writeback keeps it (the stream's reads come between its
+/// reads either way: without readahead each is a request with its seek).
+const BESIDE_STREAM_IOPS_MIN: f64 = 0.85;
+const BESIDE_STREAM_P99_MAX: f64 = 2.0;
+/// Beside a light random reader, a stream keeps this share of what it
+/// reads without readahead.
+const STREAM_BESIDE_LIGHT_MIN: f64 = 0.9;
 
 /// The readers: (name, jobs). Job names are the streams' names.
 fn readers() -> Vec<(&'static str, Vec<String>)> {
@@ -85,6 +94,15 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
             vec![
                 half("a", "read", "64k", "0"),
                 half("b", "randread", "64k", HALF),
+            ],
+        ),
+        (
+            "stream-64k-qd1+randread-4k-20/s",
+            vec![
+                half("a", "read", "64k", "0"),
+                format!(
+                    "name=b,rw=randread,bs=4k,qd=8,rate=20/s,offset={HALF},size={HALF},conns=4"
+                ),
             ],
         ),
     ]
@@ -265,6 +283,34 @@ fn check(
             ONE_STREAM_MIN,
             f64::INFINITY,
         ));
+    }
+    if device == "hdd" && reader.starts_with("stream-") && on.streams.len() == 2 {
+        let (stream_on, stream_off) = (&on.streams[0], &off.streams[0]);
+        let (random_on, random_off) = (&on.streams[1], &off.streams[1]);
+        if reader.ends_with("/s") {
+            checks.push(Check::range(
+                &format!("hdd: {reader}, the stream on / off"),
+                "x",
+                stream_on.mb_per_s / stream_off.mb_per_s.max(1e-9),
+                STREAM_BESIDE_LIGHT_MIN,
+                f64::INFINITY,
+            ));
+            checks.push(Check::range(
+                &format!("hdd: {reader}, the random reader's p99 on / off"),
+                "x",
+                random_on.latency_us.p99 / random_off.latency_us.p99.max(1e-9),
+                0.0,
+                BESIDE_STREAM_P99_MAX,
+            ));
+        } else {
+            checks.push(Check::range(
+                &format!("hdd: {reader}, the random reader's IOPS on / off"),
+                "x",
+                random_on.iops / random_off.iops.max(1e-9),
+                BESIDE_STREAM_IOPS_MIN,
+                f64::INFINITY,
+            ));
+        }
     }
     if device != "hdd" {
         let worst = on
