@@ -43,6 +43,9 @@ const FLASH_JOB_MIN: f64 = 0.97;
 /// reads either way: without readahead each is a request with its seek).
 const BESIDE_STREAM_IOPS_MIN: f64 = 0.85;
 const BESIDE_STREAM_P99_MAX: f64 = 2.0;
+/// On a mirror of two disks, a stream's gain from readahead (on / off) is
+/// at least this share of its gain on one of the disks alone.
+const MIRROR_STREAM_MIN: f64 = 0.95;
 /// Beside a light random reader, a stream keeps this share of what it
 /// reads without readahead.
 const STREAM_BESIDE_LIGHT_MIN: f64 = 0.9;
@@ -109,8 +112,13 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
 }
 
 pub(super) fn target(device: &str, readahead: bool) -> anyhow::Result<Target> {
+    mirror_target(device, 1, readahead)
+}
+
+/// `copies` of `device` as a mirror (one: the device alone).
+fn mirror_target(device: &str, copies: usize, readahead: bool) -> anyhow::Result<Target> {
     Ok(Target::SimPool {
-        devices: vec![model(device)?],
+        devices: vec![model(device)?; copies],
         mode: Mode::Adaptive,
         read_policy: ReadPolicy::default(),
         cache: None,
@@ -141,6 +149,8 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
         "| device | reader | off MB/s | on MB/s | on / off | device bytes on / off | p99 off | p99 on |\n\
          |---|---|---:|---:|---:|---:|---:|---:|\n",
     );
+    // On / off of each reader on one disk, for the mirror's.
+    let mut one_disk = Vec::new();
     for name in ["hdd", "ssd", "nvme"] {
         let device = format!("model:{name},{SIZE}");
         let mut run = |label: String, readahead: bool, texts: &[String]| -> anyhow::Result<Run> {
@@ -170,6 +180,9 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             let off = run(format!("{name}-{reader}-off"), false, &texts)?;
             let on = run(format!("{name}-{reader}-on"), true, &texts)?;
             let ratio = total_mb(&on) / total_mb(&off).max(1e-9);
+            if name == "hdd" {
+                one_disk.push((reader, ratio));
+            }
             let bytes = device_bytes(&on, seconds) / device_bytes(&off, seconds).max(1.0);
             let p99 = |run: &Run| {
                 let worst = run
@@ -209,6 +222,46 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
                 both_halves_mb,
             );
         }
+    }
+    // A stream on a mirror of two disks stays on one copy: its windows
+    // continue the run there, whatever their lengths.
+    let mirror = format!("model:hdd,{SIZE}");
+    for reader in ["stream-64k-qd1", "read-1m-qd1"] {
+        let (_, texts) = readers()
+            .into_iter()
+            .find(|(name, _)| *name == reader)
+            .expect("a reader of the table");
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let mut mb = [0.0; 2];
+        for (i, readahead) in [false, true].into_iter().enumerate() {
+            let state = if readahead { "on" } else { "off" };
+            let run = run_jobs(
+                &format!("hdd-mirror-{reader}-{state}"),
+                &mirror_target(&mirror, 2, readahead)?,
+                &scenarios::jobs(&texts),
+                seconds,
+                seed,
+            )?;
+            mb[i] = total_mb(&run);
+            runs.push(run);
+        }
+        let ratio = mb[1] / mb[0].max(1e-9);
+        let alone = one_disk
+            .iter()
+            .find(|(name, _)| *name == reader)
+            .map_or(1.0, |(_, ratio)| *ratio);
+        let _ = writeln!(
+            notes,
+            "| hdd mirror | {reader} | {:.1} | {:.1} | {ratio:.2} | | | |",
+            mb[0], mb[1]
+        );
+        checks.push(Check::range(
+            &format!("hdd mirror: {reader}, on / off, of the same on one disk"),
+            "x",
+            ratio / alone.max(1e-9),
+            MIRROR_STREAM_MIN,
+            f64::INFINITY,
+        ));
     }
     let _ = writeln!(
         notes,

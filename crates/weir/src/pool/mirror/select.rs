@@ -24,7 +24,7 @@
 use crate::device::model::{Nanos, NANOS_PER_MS};
 use crate::pool::label::COPIES_MAX;
 pub use crate::pool::read_policy::ReadPolicy;
-use crate::sched::Ewma;
+use crate::sched::{Ewma, LinearCost};
 
 /// Bytes read from one copy before round-robin moves on (btrfs's minimum
 /// contiguous read, 256 KiB), so that a sequential stream stays whole.
@@ -113,6 +113,7 @@ pub struct Choice {
     in_flight: u32,
     /// It continued the last read sent to the copy.
     continues_run: bool,
+    length: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -125,6 +126,14 @@ struct CopyState {
     /// the one before on this copy, and of the others.
     service_run: Ewma,
     service: Ewma,
+    /// What a read that continues a run costs by its length, once runs of
+    /// two lengths have been seen: the reads of one run can differ in
+    /// length many times over (read-ahead windows that grow from 256 KiB
+    /// to tens of MiB). Priced per read, a window's copy looked slower
+    /// than the other copy's short reads, and a stream's windows went back
+    /// and forth between two disks, each move a seek. Any other read
+    /// costs at least its bytes at the run's rate.
+    run_cost: LinearCost,
     last_heard: Nanos,
     reads: u64,
     /// Passed over until then, after a checksum failure.
@@ -228,6 +237,7 @@ impl MirrorSelector {
             copy,
             in_flight: state.in_flight,
             continues_run,
+            length: read.length,
         })
     }
 
@@ -260,11 +270,24 @@ impl MirrorSelector {
     fn predicted_ns(&self, copy: usize, read: ReadRequest) -> f64 {
         let run = self.continues_run(copy, read);
         let s = &self.copies[copy];
-        let per_read = Self::service_of(s, run)
-            .or_else(|| self.fastest_measured_ns(run))
-            .or_else(|| Self::service_of(s, !run))
-            .or_else(|| self.fastest_measured_ns(!run))
-            .unwrap_or(0.0);
+        let run_parts = s.run_cost.parts().or_else(|| {
+            self.copies
+                .iter()
+                .filter_map(|c| c.run_cost.parts())
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+        });
+        let measured = || {
+            Self::service_of(s, run)
+                .or_else(|| self.fastest_measured_ns(run))
+                .or_else(|| Self::service_of(s, !run))
+                .or_else(|| self.fastest_measured_ns(!run))
+        };
+        let length = read.length as f64;
+        let per_read = match (run, run_parts) {
+            (true, Some((fixed, per_byte))) => fixed + per_byte * length,
+            (false, Some((_, per_byte))) => measured().unwrap_or(0.0).max(per_byte * length),
+            (_, None) => measured().unwrap_or(0.0),
+        };
         per_read * f64::from(s.in_flight + 1 + s.background)
     }
 
@@ -414,7 +437,11 @@ impl MirrorSelector {
         } else {
             &mut s.service
         };
-        service.record(latency_ns as f64 / f64::from(choice.in_flight.max(1)));
+        let per_read = latency_ns as f64 / f64::from(choice.in_flight.max(1));
+        service.record(per_read);
+        if choice.continues_run {
+            s.run_cost.record(choice.length as f64, per_read);
+        }
         s.last_heard = now;
     }
 
@@ -540,6 +567,41 @@ mod tests {
         // A read outside the run probes the copy not heard from.
         let other = selector.choose(read(7 << 20, 4096), now).unwrap();
         assert_ne!(other.copy, first.copy);
+    }
+
+    #[test]
+    fn latency_keeps_a_run_whose_reads_grow_on_one_copy() {
+        // Two disks: 10 ms to reach a read, then 4 ns a byte.
+        let cost = |length: u64| 10_000_000 + 4 * length;
+        let mut selector = MirrorSelector::new(ReadPolicy::Latency, 2);
+        let mut now = 0;
+        // Random 4 KiB reads measure both copies alike first.
+        for i in 0..64u64 {
+            let choice = selector
+                .choose(read((i * 7919 % 1000) << 20, 4096), now)
+                .unwrap();
+            now += cost(4096);
+            selector.completed(choice, cost(4096), now);
+        }
+        // Read-ahead windows of a stream, one at a time, growing from
+        // 256 KiB to 32 MiB: only the first pays the seek.
+        let mut copies = Vec::new();
+        let mut offset = 1 << 40;
+        let mut length = 256 << 10;
+        for _ in 0..24 {
+            let choice = selector.choose(read(offset, length), now).unwrap();
+            let took = if copies.last() == Some(&choice.copy) {
+                4 * length
+            } else {
+                cost(length)
+            };
+            copies.push(choice.copy);
+            now += took;
+            selector.completed(choice, took, now);
+            offset += length;
+            length = (length * 2).min(32 << 20);
+        }
+        assert!(copies.windows(2).all(|w| w[0] == w[1]), "{copies:?}");
     }
 
     #[test]
