@@ -233,10 +233,10 @@ pub fn step_plot(
     canvas
 }
 
-/// Groups of bars on a 0-1 share scale: each group (label, one value per
+/// Groups of columns on a 0-1 share scale: each group (label, one value per
 /// series), the series named in a legend, and a line across at
 /// `mark` (a target share) when given.
-pub fn share_bars(
+pub fn share_columns(
     title: &str,
     series: &[&str],
     groups: &[(String, Vec<f64>)],

@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 
-use super::plot::share_bars;
+use super::plot::share_columns;
 use super::readahead::{
     target, total_mb, COLLAPSE_MAX, HALF, ONE_STREAM_MIN, SIZE, TWO_STREAMS_MIN,
 };
@@ -131,12 +131,12 @@ pub fn streams(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Re
          over the second; one stream reads the first half, two streams one half each.",
         region_mb[0], region_mb[1]
     );
-    let plot = share_bars(
+    let plot = share_columns(
         "HDD model: QD1 64 KiB sequential streams through N connections",
         &["readahead off", "readahead on"],
         &groups,
         Some(TWO_STREAMS_MIN),
-        "streams x connections each. bars: aggregate MB/s / sequential rate of the disk. line: 0.8",
+        "streams x connections each. columns: aggregate MB/s / sequential rate of the disk. line: 0.8",
     );
     Ok(Outcome {
         report: Report {
