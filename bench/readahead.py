@@ -6,7 +6,8 @@ with --readahead off and once with --readahead on. On each, fio's nbd
 engine runs random and sequential readers (4 KiB to 1 MiB, QD1 and QD8),
 and a libnbd client runs two 64 KiB QD1 sequential streams each spread
 round-robin over four connections (the case where a server's threads break
-a stream up). Rounds alternate off and on, so drift on a shared machine
+a stream up); then `weir bench run` drives one such stream beside a 64 KiB
+QD1 random reader. Rounds alternate off and on, so drift on a shared machine
 touches both alike. The table gives the median MB/s of each mode over the
 rounds, the ratio of the medians, and the range of the per-round ratios:
 in real time on a loaded machine one cell can move by a third between
@@ -47,6 +48,7 @@ JOBS = [  # name, rw, bs, iodepth, offset
     ("read-1m-qd8-from-2g", "read", "1M", 8, SIZE // STREAMS),
 ]
 STREAMS_NAME = "streams-2x4conns-64k-qd1"
+BESIDE_NAMES = ("stream+randread-64k-qd1: stream", "stream+randread-64k-qd1: randread")
 
 
 def streams_mb_s(uri, seconds):
@@ -78,6 +80,20 @@ def streams_mb_s(uri, seconds):
     return sum(moved) / (time.monotonic() - start) / 1e6
 
 
+def beside_mb_s(uri, seconds, tmp):
+    """A 64 KiB QD1 stream over four connections beside a 64 KiB QD1 random
+    reader in the other half: weir's own driver, `weir bench run --uri`."""
+    out = os.path.join(tmp, "beside.json")
+    half = SIZE // STREAMS
+    subprocess.run([WEIR, "bench", "run", "--uri", uri, "--seconds", str(seconds), "--json", out,
+                    "--job", f"name=stream,rw=read,bs=64k,qd=1,offset=0,size={half},conns={CONNECTIONS}",
+                    "--job", f"name=randread,rw=randread,bs=64k,qd=1,offset={half},size={half}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        streams = {s["name"]: s["mb_per_s"] for s in json.load(f)["runs"][0]["streams"]}
+    return streams["stream"], streams["randread"]
+
+
 def run_model(model, mode, runtime, tmp):
     sock = os.path.join(tmp, f"{model}-{mode}.sock")
     cmd = [WEIR, "serve", "--listen", "none", "--socket", sock, "--admin", "none", "--log-level", "warn",
@@ -95,6 +111,9 @@ def run_model(model, mode, runtime, tmp):
             print(f"    {model:5} {mode:3} {name:17} {r['mb_s']:8.1f} MB/s", flush=True)
         out[STREAMS_NAME] = streams_mb_s(uri, runtime)
         print(f"    {model:5} {mode:3} streams-2x4conns   {out[STREAMS_NAME]:8.1f} MB/s", flush=True)
+        for name, mb_s in zip(BESIDE_NAMES, beside_mb_s(uri, runtime, tmp)):
+            out[name] = mb_s
+            print(f"    {model:5} {mode:3} {name} {mb_s:8.1f} MB/s", flush=True)
         return out
     finally:
         proc.terminate()

@@ -243,10 +243,12 @@ p99 alone, and the writer's throughput."""))
 `--readahead off` (the default) and once with `--readahead on`. fio's nbd
 engine runs random and sequential readers on it; a libnbd client runs two
 64 KiB QD1 sequential streams, each sending its requests round-robin over four
-connections. Rounds alternate off and on; the table gives the medians and the
-range of the per-round ratios, since in real time on a shared machine a cell
-can move by a third between identical runs. The streams run last, on the
-server the fio jobs used. Each stream reads one half of the device, and a
+connections. Last, `weir bench run --uri` drives one such stream beside a
+64 KiB QD1 random reader in the other half (the two `stream+randread` rows:
+each reader's MB/s). Rounds alternate off and on; the table gives the
+medians and the range of the per-round ratios, since in real time on a
+shared machine a cell can move by a third between identical runs. The
+streams run after the fio jobs, on the same server. Each stream reads one half of the device, and a
 disk's inner half reads slower than its outer one, so the lines under the
 table judge the streams against the mean of both halves' sequential rates
 (1 MiB QD8 from the start and from the middle, readahead off), as the
