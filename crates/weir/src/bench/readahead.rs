@@ -126,6 +126,51 @@ fn mirror_target(device: &str, copies: usize, readahead: bool) -> anyhow::Result
     })
 }
 
+/// Runs of jobs on one model device with readahead off or on, each kept
+/// for the report.
+pub(super) struct DeviceRuns<'a> {
+    pub device: String,
+    pub seconds: f64,
+    pub seed: u64,
+    pub runs: &'a mut Vec<Run>,
+}
+
+impl DeviceRuns<'_> {
+    pub(super) fn run(
+        &mut self,
+        label: String,
+        readahead: bool,
+        texts: &[String],
+    ) -> anyhow::Result<Run> {
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let run = run_jobs(
+            &label,
+            &target(&self.device, readahead)?,
+            &scenarios::jobs(&texts),
+            self.seconds,
+            self.seed,
+        )?;
+        self.runs.push(run.clone());
+        Ok(run)
+    }
+
+    /// The device's sequential rate (MB/s) over each half, read alone
+    /// (1 MiB QD8, readahead off): runs `{prefix}seq-1m-qd8-at-{offset}`,
+    /// whose job is named `job`.
+    pub(super) fn halves_mb(&mut self, prefix: &str, job: &str) -> anyhow::Result<Vec<f64>> {
+        let mut mb = Vec::new();
+        for at in ["0", HALF] {
+            let text = format!("name={job},rw=read,bs=1m,qd=8,offset={at},size={HALF}");
+            mb.push(total_mb(&self.run(
+                format!("{prefix}seq-1m-qd8-at-{at}"),
+                false,
+                &[text],
+            )?));
+        }
+        Ok(mb)
+    }
+}
+
 pub(super) fn total_mb(run: &Run) -> f64 {
     run.streams.iter().map(|s| s.mb_per_s).sum()
 }
@@ -152,29 +197,15 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     // On / off of each reader on one disk, for the mirror's.
     let mut one_disk = Vec::new();
     for name in ["hdd", "ssd", "nvme"] {
-        let device = format!("model:{name},{SIZE}");
-        let mut run = |label: String, readahead: bool, texts: &[String]| -> anyhow::Result<Run> {
-            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let run = run_jobs(
-                &label,
-                &target(&device, readahead)?,
-                &scenarios::jobs(&texts),
-                seconds,
-                seed,
-            )?;
-            runs.push(run.clone());
-            Ok(run)
+        let mut device = DeviceRuns {
+            device: format!("model:{name},{SIZE}"),
+            seconds,
+            seed,
+            runs: &mut runs,
         };
         // The device's sequential rate over each half, read alone.
-        let mut region_mb = Vec::new();
-        for at in ["0", HALF] {
-            let job = format!("name=a,rw=read,bs=1m,qd=8,offset={at},size={HALF}");
-            region_mb.push(total_mb(&run(
-                format!("{name}-seq-1m-qd8-at-{at}"),
-                false,
-                &[job],
-            )?));
-        }
+        let region_mb = device.halves_mb(&format!("{name}-"), "a")?;
+        let mut run = |label, readahead, texts: &[String]| device.run(label, readahead, texts);
         let both_halves_mb = region_mb.iter().sum::<f64>() / 2.0;
         for (reader, texts) in readers() {
             let off = run(format!("{name}-{reader}-off"), false, &texts)?;

@@ -17,10 +17,9 @@ use std::fmt::Write as _;
 
 use super::plot::share_columns;
 use super::readahead::{
-    target, total_mb, COLLAPSE_MAX, HALF, ONE_STREAM_MIN, SIZE, TWO_STREAMS_MIN,
+    total_mb, DeviceRuns, COLLAPSE_MAX, HALF, ONE_STREAM_MIN, SIZE, TWO_STREAMS_MIN,
 };
 use super::report::{Report, Run};
-use super::run_jobs;
 use super::scenarios::{self, Check, Outcome, Targets};
 
 const CONNECTIONS: [u32; 3] = [1, 4, 16];
@@ -47,29 +46,15 @@ pub fn streams(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Re
              jobs, or bench/readahead.sh"
         );
     }
-    let device = format!("model:hdd,{SIZE}");
     let mut runs = Vec::new();
-    let mut run = |label: String, readahead: bool, texts: &[String]| -> anyhow::Result<Run> {
-        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let run = run_jobs(
-            &label,
-            &target(&device, readahead)?,
-            &scenarios::jobs(&texts),
-            seconds,
-            seed,
-        )?;
-        runs.push(run.clone());
-        Ok(run)
+    let mut device = DeviceRuns {
+        device: format!("model:hdd,{SIZE}"),
+        seconds,
+        seed,
+        runs: &mut runs,
     };
-    let mut region_mb = Vec::new();
-    for at in ["0", HALF] {
-        let job = format!("name=seq,rw=read,bs=1m,qd=8,offset={at},size={HALF}");
-        region_mb.push(total_mb(&run(
-            format!("seq-1m-qd8-at-{at}"),
-            false,
-            &[job],
-        )?));
-    }
+    let region_mb = device.halves_mb("", "seq")?;
+    let mut run = |label, readahead, texts: &[String]| device.run(label, readahead, texts);
     let reference = |streams: u32| match streams {
         1 => region_mb[0],
         _ => region_mb.iter().sum::<f64>() / 2.0,
