@@ -11,11 +11,16 @@
 //! connections free and fault in fresh pages for most buffers: zeroing
 //! them took a sixth of the server's CPU time.
 //!
-//! When the lists are full, a freed buffer takes the room of buffers of
-//! the size class taken least recently, if that is not its own: the lists
-//! follow the sizes in use now. Kept full of one workload's sizes, they
-//! made every buffer of the next workload fresh pages (a 1 MiB QD8
+//! When the lists are full, a freed buffer takes the room of a size class
+//! no one has asked for in the last `STALE_AFTER_MS`: the lists follow
+//! the sizes in use now. Kept full of one workload's sizes,
+//! they made every buffer of the next workload fresh pages (a 1 MiB QD8
 //! reader after a reader with read-ahead ran at 0.55-0.75 of its rate).
+//! Classes still in use keep their buffers, however seldom each is asked
+//! for: evicting whichever was asked for least recently (or not in the
+//! last few thousand buffers) gave large buffers' room to small ones,
+//! and 4 KiB QD32 writes to a memory volume lost a quarter of their rate
+//! to allocating the large ones afresh.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -44,12 +49,25 @@ fn pool_bytes_max() -> usize {
 
 struct FreeList {
     buffers: Vec<NonNull<u8>>,
-    /// `TAKES` when a buffer of this class was last asked for.
-    last_take: usize,
 }
 
-/// Counts buffers asked for, to tell which class was asked for last.
-static TAKES: AtomicUsize = AtomicUsize::new(0);
+/// Per class: when a buffer of it was last asked for (`coarse_now_ms`).
+static LAST_TAKE_MS: [AtomicUsize; CLASS_COUNT] = [const { AtomicUsize::new(0) }; CLASS_COUNT];
+/// A class no one asked for in this long is stale: its listed buffers
+/// give way to the classes in use.
+const STALE_AFTER_MS: usize = 1000;
+
+/// Milliseconds of the system's coarse monotonic clock (a few ns to read,
+/// where a precise clock would be paid on every buffer).
+fn coarse_now_ms() -> usize {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as usize * 1000 + ts.tv_nsec as usize / 1_000_000
+}
 
 // SAFETY: the pointers are owned allocations no one else references while
 // they sit in the free list.
@@ -58,7 +76,6 @@ unsafe impl Send for FreeList {}
 static POOL: [Mutex<FreeList>; CLASS_COUNT] = [const {
     Mutex::new(FreeList {
         buffers: Vec::new(),
-        last_take: 0,
     })
 }; CLASS_COUNT];
 
@@ -95,9 +112,13 @@ impl AlignedBuf {
             None => len.next_multiple_of(BUF_ALIGN_BYTES),
         };
         if let Some(class) = class {
-            let mut list = POOL[class].lock();
-            list.last_take = TAKES.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(ptr) = list.buffers.pop() {
+            // Written once a millisecond at most: every thread takes
+            // buffers, and a line they all write would bounce between CPUs.
+            let now_ms = coarse_now_ms();
+            if LAST_TAKE_MS[class].load(Ordering::Relaxed) != now_ms {
+                LAST_TAKE_MS[class].store(now_ms, Ordering::Relaxed);
+            }
+            if let Some(ptr) = POOL[class].lock().buffers.pop() {
                 POOL_BYTES.fetch_sub(capacity, Ordering::Relaxed);
                 LIVE_BYTES.fetch_add(capacity, Ordering::Relaxed);
                 return AlignedBuf { ptr, capacity, len };
@@ -146,7 +167,7 @@ impl Drop for AlignedBuf {
         LIVE_BYTES.fetch_sub(self.capacity, Ordering::Relaxed);
         if let Some(class) = class_of(self.capacity).filter(|c| class_bytes(*c) == self.capacity) {
             let reserved = POOL_BYTES.fetch_add(self.capacity, Ordering::Relaxed);
-            if reserved + self.capacity <= pool_bytes_max() || release_staler_than(class) {
+            if reserved + self.capacity <= pool_bytes_max() || release_stale(class) {
                 POOL[class].lock().buffers.push(self.ptr);
                 return;
             }
@@ -163,32 +184,33 @@ fn free_pages(ptr: NonNull<u8>, capacity: usize) {
     unsafe { dealloc(ptr.as_ptr(), layout) }
 }
 
-/// Of the classes with listed buffers (`takes[c]`: when class `c` was
-/// last asked for, if it has any), the one asked for least recently, if
-/// that was before `own_take`, when `class` was.
-fn stalest_class(takes: &[Option<usize>], class: usize, own_take: usize) -> Option<usize> {
-    takes
+/// A class other than `class` with listed buffers that no one asked for
+/// in the last `STALE_AFTER_MS` (`last_takes[c]`: when class `c` was
+/// last asked for, if it has listed buffers), the stalest first.
+fn stale_class(last_takes: &[Option<usize>], class: usize, now_ms: usize) -> Option<usize> {
+    last_takes
         .iter()
         .enumerate()
         .filter(|&(c, _)| c != class)
-        .filter_map(|(c, take)| take.filter(|t| *t < own_take).map(|t| (t, c)))
+        .filter_map(|(c, last)| last.map(|t| (t, c)))
+        .filter(|&(t, _)| now_ms.saturating_sub(t) >= STALE_AFTER_MS)
         .min()
         .map(|(_, c)| c)
 }
 
 /// Make room for a buffer of `class` (already counted in `POOL_BYTES`) by
-/// releasing listed buffers of the class asked for least recently, if it
-/// was asked for before `class` was. Returns whether there is room now.
-fn release_staler_than(class: usize) -> bool {
-    let takes: Vec<Option<usize>> = POOL
-        .iter()
-        .map(|list| {
-            let list = list.lock();
-            (!list.buffers.is_empty()).then_some(list.last_take)
+/// releasing the listed buffers of a stale class. Returns whether there
+/// is room now.
+fn release_stale(class: usize) -> bool {
+    let last_takes: Vec<Option<usize>> = (0..CLASS_COUNT)
+        .map(|c| {
+            let listed = POOL[c]
+                .try_lock()
+                .is_some_and(|list| !list.buffers.is_empty());
+            listed.then(|| LAST_TAKE_MS[c].load(Ordering::Relaxed))
         })
         .collect();
-    let own_take = POOL[class].lock().last_take;
-    let Some(stale) = stalest_class(&takes, class, own_take) else {
+    let Some(stale) = stale_class(&last_takes, class, coarse_now_ms()) else {
         return false;
     };
     let bytes = class_bytes(stale);
@@ -310,15 +332,28 @@ mod tests {
     }
 
     #[test]
-    fn room_is_taken_from_the_class_asked_for_least_recently() {
-        // Classes 0..4: class 1 listed and asked for at 5, class 3 at 2,
-        // class 0 at 9, class 2 has nothing listed.
-        let takes = [Some(9), Some(5), None, Some(2)];
-        assert_eq!(stalest_class(&takes, 0, 9), Some(3));
-        assert_eq!(stalest_class(&takes, 3, 2), None, "none staler than 3");
-        assert_eq!(stalest_class(&takes, 1, 5), Some(3));
-        assert_eq!(stalest_class(&[None, Some(1)], 0, 4), Some(1));
-        assert_eq!(stalest_class(&[Some(1), None], 0, 4), None, "only its own");
+    fn room_is_taken_from_a_class_no_one_asked_for_lately() {
+        let now = 10 * STALE_AFTER_MS;
+        let lately = now - STALE_AFTER_MS / 2;
+        let long_ago = now - 2 * STALE_AFTER_MS;
+        let longer_ago = now - 3 * STALE_AFTER_MS;
+        // Class 1 asked for lately, 2 long ago, 3 longer ago, 4 has
+        // nothing listed.
+        let last = [
+            Some(now),
+            Some(lately),
+            Some(long_ago),
+            Some(longer_ago),
+            None,
+        ];
+        assert_eq!(stale_class(&last, 0, now), Some(3), "the stalest");
+        assert_eq!(stale_class(&last, 3, now), Some(2), "never its own");
+        assert_eq!(
+            stale_class(&[Some(now), Some(lately)], 0, now),
+            None,
+            "classes in use keep their buffers"
+        );
+        assert_eq!(stale_class(&[Some(long_ago), None], 0, now), None);
     }
 
     #[test]
