@@ -13,14 +13,11 @@
 //!
 //! When the lists are full, a freed buffer takes the room of a size class
 //! no one has asked for in the last `STALE_AFTER_MS`: the lists follow
-//! the sizes in use now. Kept full of one workload's sizes,
-//! they made every buffer of the next workload fresh pages (a 1 MiB QD8
-//! reader after a reader with read-ahead ran at 0.55-0.75 of its rate).
-//! Classes still in use keep their buffers, however seldom each is asked
-//! for: evicting whichever was asked for least recently (or not in the
-//! last few thousand buffers) gave large buffers' room to small ones,
-//! and 4 KiB QD32 writes to a memory volume lost a quarter of their rate
-//! to allocating the large ones afresh.
+//! the sizes in use now. Kept full of one workload's sizes, they made
+//! every buffer of the next workload fresh pages (a 1 MiB QD8 reader after
+//! a reader with read-ahead ran at 0.55-0.75 of its rate). Classes in use
+//! keep their buffers however seldom each is asked for: a large buffer
+//! allocated afresh costs more page faults and zeroing than a small one.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
