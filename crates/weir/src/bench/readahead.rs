@@ -111,12 +111,8 @@ fn readers() -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
-pub(super) fn target(device: &str, readahead: bool) -> anyhow::Result<Target> {
-    mirror_target(device, 1, readahead)
-}
-
 /// `copies` of `device` as a mirror (one: the device alone).
-fn mirror_target(device: &str, copies: usize, readahead: bool) -> anyhow::Result<Target> {
+fn target(device: &str, copies: usize, readahead: bool) -> anyhow::Result<Target> {
     Ok(Target::SimPool {
         devices: vec![model(device)?; copies],
         mode: Mode::Adaptive,
@@ -126,10 +122,11 @@ fn mirror_target(device: &str, copies: usize, readahead: bool) -> anyhow::Result
     })
 }
 
-/// Runs of jobs on one model device with readahead off or on, each kept
-/// for the report.
+/// Runs of jobs on one model device (or a mirror of `copies` of it) with
+/// readahead off or on, each kept for the report.
 pub(super) struct DeviceRuns<'a> {
     pub device: String,
+    pub copies: usize,
     pub seconds: f64,
     pub seed: u64,
     pub runs: &'a mut Vec<Run>,
@@ -145,7 +142,7 @@ impl DeviceRuns<'_> {
         let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
         let run = run_jobs(
             &label,
-            &target(&self.device, readahead)?,
+            &target(&self.device, self.copies, readahead)?,
             &scenarios::jobs(&texts),
             self.seconds,
             self.seed,
@@ -199,6 +196,7 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     for name in ["hdd", "ssd", "nvme"] {
         let mut device = DeviceRuns {
             device: format!("model:{name},{SIZE}"),
+            copies: 1,
             seconds,
             seed,
             runs: &mut runs,
@@ -256,31 +254,28 @@ pub fn readahead(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
     }
     // A stream on a mirror of two disks stays on one copy: its windows
     // continue the run there, whatever their lengths.
-    let mirror = format!("model:hdd,{SIZE}");
+    let mut mirror = DeviceRuns {
+        device: format!("model:hdd,{SIZE}"),
+        copies: 2,
+        seconds,
+        seed,
+        runs: &mut runs,
+    };
     for reader in ["stream-64k-qd1", "read-1m-qd1"] {
         let (_, texts) = readers()
             .into_iter()
             .find(|(name, _)| *name == reader)
             .expect("a reader of the table");
-        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
         let mut mb = [0.0; 2];
-        for (i, readahead) in [false, true].into_iter().enumerate() {
-            let state = if readahead { "on" } else { "off" };
-            let run = run_jobs(
-                &format!("hdd-mirror-{reader}-{state}"),
-                &mirror_target(&mirror, 2, readahead)?,
-                &scenarios::jobs(&texts),
-                seconds,
-                seed,
-            )?;
-            mb[i] = total_mb(&run);
-            runs.push(run);
+        for (i, state) in ["off", "on"].into_iter().enumerate() {
+            let label = format!("hdd-mirror-{reader}-{state}");
+            mb[i] = total_mb(&mirror.run(label, state == "on", &texts)?);
         }
         let ratio = mb[1] / mb[0].max(1e-9);
-        let alone = one_disk
+        let (_, alone) = one_disk
             .iter()
             .find(|(name, _)| *name == reader)
-            .map_or(1.0, |(_, ratio)| *ratio);
+            .expect("every reader ran on one disk first");
         let _ = writeln!(
             notes,
             "| hdd mirror | {reader} | {:.1} | {:.1} | {ratio:.2} | | | |",

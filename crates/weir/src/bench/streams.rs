@@ -49,6 +49,7 @@ pub fn streams(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Re
     let mut runs = Vec::new();
     let mut device = DeviceRuns {
         device: format!("model:hdd,{SIZE}"),
+        copies: 1,
         seconds,
         seed,
         runs: &mut runs,
