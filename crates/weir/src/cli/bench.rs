@@ -177,6 +177,11 @@ fn sim_cache(args: &RunArgs, default_mode: Mode) -> anyhow::Result<(Option<WbThr
         (CacheMode::Writeback, throttle) => {
             let throttle = throttle.unwrap_or_default();
             let mode = throttle.queue_mode();
+            // With no throttle, writeback meets whatever queue the devices
+            // run, zfs's included.
+            if throttle == WbThrottle::None && args.sched == Some(Mode::Zfs) {
+                return Ok((Some(throttle), Mode::Zfs));
+            }
             if args.sched.is_some_and(|sched| sched != mode) {
                 bail!(
                     "--wb-throttle {throttle} runs the device queues in {} mode; leave out --sched",

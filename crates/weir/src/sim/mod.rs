@@ -278,7 +278,8 @@ impl Simulation {
 
     /// Client writes go to a write-back cache (the server's own), whose
     /// writeback `throttle` controls; `dirty_max` as `--cache-dirty-max`.
-    /// The devices' queues take the throttle's mode.
+    /// The devices' queues keep the pool's mode, which the caller chose
+    /// to suit the throttle (`WbThrottle::queue_mode`).
     pub fn with_cache(mut self, throttle: WbThrottle, dirty_max: Option<u64>) -> Simulation {
         let write_bytes_max = self
             .jobs
@@ -288,9 +289,6 @@ impl Simulation {
             .max()
             .unwrap_or(0);
         let rotational: Vec<bool> = self.devices.iter().map(|d| d.spec.rotational()).collect();
-        for device in &mut self.devices {
-            device.queue.set_mode(throttle.queue_mode(), 0);
-        }
         self.cache = Some(SimCache::new(
             throttle,
             dirty_max,
