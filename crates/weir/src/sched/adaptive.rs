@@ -8,6 +8,8 @@
 //! depends on the kind of device: every time is a multiple of a latency
 //! the device showed. See docs/scheduler.md.
 
+use super::estimate::Ewma;
+use super::floor::{self, Floors, RunPosition};
 use super::{ClassActivity, IoClass, CLASSES};
 use crate::device::model::Nanos;
 
@@ -64,22 +66,8 @@ const PIECE_SLACK_SHARE: f64 = 0.125;
 /// gave about the same scrub and a max only 1.05x better on some seeds
 /// (docs/scheduler.md).
 const STREAM_SLACK_SHARE: f64 = 0.75;
-/// The share of the device's time writeback is guaranteed while it waits
-/// beside interactive work that would otherwise keep it out: half, so that
-/// a writer and a reader who both want the whole device split it, and
-/// writeback held back by a reader that never pauses still drains the
-/// cache at about half its idle rate instead of stopping (the cache's
-/// writers would stop with it). Scrub and resilver are not floored here:
-/// they run in the gaps and by the share window.
-const FLOOR_SHARE: f64 = 0.5;
-/// Floor credit saved while background waits is capped at this many of
-/// its service times: after a long wait it may send a short run of I/Os
-/// back to back, never a long one.
-const FLOOR_CREDIT_SERVICES: f64 = 4.0;
 /// Background pieces are whole 4 KiB blocks.
 const PIECE_ALIGN_BYTES: u64 = 4096;
-/// Weight of a new sample in a decaying average (1/8, as TCP's srtt).
-const EWMA_WEIGHT: f64 = 0.125;
 /// Interactive samples per depth decision: single HDD latencies vary by
 /// their seek, so the depth follows their mean.
 const WINDOW_SAMPLES: u32 = 8;
@@ -87,97 +75,11 @@ const WINDOW_SAMPLES: u32 = 8;
 /// taken again after this many samples with background beside them.
 const CLEAN_SAMPLES_WANTED: u32 = 8;
 const REFRESH_AFTER_SAMPLES: u32 = 512;
-
-/// A decaying average of latencies (ns).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Ewma {
-    value: f64,
-    samples: u32,
-}
-
-impl Ewma {
-    pub fn record(&mut self, sample: f64) {
-        self.value = if self.samples == 0 {
-            sample
-        } else {
-            self.value + EWMA_WEIGHT * (sample - self.value)
-        };
-        self.samples = self.samples.saturating_add(1);
-    }
-
-    pub fn get(&self) -> Option<f64> {
-        (self.samples > 0).then_some(self.value)
-    }
-}
-
-/// A cost that grows with length, `fixed + per_byte * length`, drawn
-/// through two points: the decaying mean cost of the long I/Os and of the
-/// short ones (under half as long). A ratio of cost to bytes would charge
-/// a small I/O's fixed part (a seek, a flash drive's write commit) to
-/// every byte of a large one. Two points rather than a least-squares fit
-/// over all samples, because one length usually dominates (a stream of
-/// small pieces with now and then a whole I/O) and would drown the other.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LinearCost {
-    long: CostPoint,
-    short: CostPoint,
-}
-
-/// Decaying means of length (bytes) and cost (ns).
-#[derive(Clone, Copy, Debug, Default)]
-struct CostPoint {
-    length: Ewma,
-    cost: Ewma,
-}
-
-impl CostPoint {
-    fn record(&mut self, length: f64, cost: f64) {
-        self.length.record(length);
-        self.cost.record(cost);
-    }
-
-    fn get(&self) -> Option<(f64, f64)> {
-        Some((self.length.get()?, self.cost.get()?))
-    }
-}
-
-impl LinearCost {
-    pub fn record(&mut self, length: f64, cost: f64) {
-        match self.long.length.get() {
-            Some(long) if length * 2.0 < long => self.short.record(length, cost),
-            Some(long) if length > long * 2.0 => {
-                // A new longest: the old long I/Os are now the short ones.
-                self.short = self.long;
-                self.long = CostPoint::default();
-                self.long.record(length, cost);
-            }
-            _ => self.long.record(length, cost),
-        }
-    }
-
-    /// The fixed cost (ns) and the cost per byte, once both a long and a
-    /// short length have been seen.
-    pub fn parts(&self) -> Option<(f64, f64)> {
-        let (long_length, long_cost) = self.long.get()?;
-        let (short_length, short_cost) = self.short.get()?;
-        if long_length <= short_length {
-            return None;
-        }
-        let per_byte = ((long_cost - short_cost) / (long_length - short_length)).max(0.0);
-        let fixed = (short_cost - per_byte * short_length).max(0.0);
-        Some((fixed, per_byte))
-    }
-
-    /// The fitted cost of `length` bytes; with one length so far, its
-    /// cost scaled by length.
-    pub fn cost(&self, length: u64) -> Option<f64> {
-        if let Some((fixed, per_byte)) = self.parts() {
-            return Some(fixed + per_byte * length as f64);
-        }
-        let (long_length, long_cost) = self.long.get()?;
-        (long_length > 0.0).then(|| long_cost * length as f64 / long_length)
-    }
-}
+/// An issue's token: whether background was in the device (bit 0), the
+/// I/Os in the device (bits 1-16), the I/O's place in a floor run (bits
+/// 17-18), and the background issues so far (the rest).
+const RUN_POSITION_SHIFT: u32 = 17;
+const ISSUES_SHIFT: u32 = 19;
 
 #[derive(Debug)]
 pub struct Adaptive {
@@ -211,6 +113,9 @@ pub struct Adaptive {
     background_issues: u64,
     last_interactive: Nanos,
     last_background: Nanos,
+    /// When the device last finished an I/O: the device time an I/O took
+    /// is from then, or from its issue if later, to its completion.
+    last_completion: Nanos,
     /// The I/O being chosen goes by the guaranteed share: send it whole,
     /// since a share that moves one small piece per window moves nothing.
     share_grant: bool,
@@ -218,16 +123,8 @@ pub struct Adaptive {
     /// device and of the gaps between them: the interactive duty cycle.
     busy_period: Ewma,
     gap_period: Ewma,
-    /// What a writeback I/O of a given length costs the device.
-    writeback_cost: LinearCost,
-    /// The length of the last writeback I/O sent: what the floor saves for.
-    writeback_length: u64,
-    /// Device time (ns) background has earned under the floor and not
-    /// spent, and when it was last counted.
-    floor_credit: f64,
-    floor_at: Nanos,
-    /// Writeback waits beside interactive work: credit accrues.
-    floor_accruing: bool,
+    /// Floors of device time for writeback, resilver and scrub.
+    floors: Floors,
     busy_since: Option<Nanos>,
     gap_since: Option<Nanos>,
     /// Decaying length (ns) of the gaps between interactive busy
@@ -261,13 +158,10 @@ impl Adaptive {
             background_issues: 0,
             last_interactive: 0,
             last_background: 0,
+            last_completion: 0,
             share_grant: false,
             busy_period: Ewma::default(),
-            writeback_cost: LinearCost::default(),
-            writeback_length: 0,
-            floor_credit: 0.0,
-            floor_at: 0,
-            floor_accruing: false,
+            floors: Floors::default(),
             gap_period: Ewma::default(),
             busy_since: None,
             gap_since: None,
@@ -284,6 +178,11 @@ const BACKGROUND: [IoClass; 5] = [
     IoClass::Scrub,
     IoClass::Trim,
 ];
+
+/// Interactive I/Os in the device.
+fn interactive_in_device(activity: &[ClassActivity; CLASSES]) -> u32 {
+    activity[IoClass::SyncRead as usize].active + activity[IoClass::SyncWrite as usize].active
+}
 
 /// Background I/Os in the device.
 fn background_active(activity: &[ClassActivity; CLASSES]) -> u32 {
@@ -447,7 +346,7 @@ impl Adaptive {
     /// The background depth allowed now.
     fn background_limit(&self, queued: &[ClassActivity; CLASSES], now: Nanos) -> u32 {
         if !self.interactive_present(queued, now) {
-            return self.idle_depth();
+            return self.idle_depth().min(self.pause_depth(now));
         }
         let granted = if self.clean_wanted > 0 {
             0
@@ -462,6 +361,30 @@ impl Adaptive {
             background_active + 1
         } else {
             granted
+        }
+    }
+
+    /// Background depth in a pause of dense interactive work, which is
+    /// expected back soon: what its next I/O may find ahead of it and
+    /// still meet the target, the slack over a background I/O's service
+    /// time. Filling the pause to the idle depth gave an HDD reader at QD2
+    /// on a mirror, whose reads move between the copies, a p99 of 1.4x
+    /// zfs's beside a scrub in the simulator. After a long gap it counts
+    /// as idle.
+    fn pause_depth(&self, now: Nanos) -> u32 {
+        let Some(service) = self.interactive_service() else {
+            return u32::MAX;
+        };
+        let gap = now.saturating_sub(self.last_interactive) as f64;
+        if gap >= service * IDLE_AFTER_SERVICES {
+            return u32::MAX;
+        }
+        match (self.clean.get(), self.background_service()) {
+            (Some(clean), Some(background)) if background > 0.0 => {
+                let slack = clean * (TARGET_FACTOR - 1.0);
+                ((slack / background) as u32).max(1)
+            }
+            _ => u32::MAX,
         }
     }
 
@@ -488,48 +411,21 @@ impl Adaptive {
         }
     }
 
+    /// What the floors need to know of this device.
+    fn floor_device(&self, interactive_active: u32) -> floor::Device {
+        floor::Device {
+            interactive_waiting: interactive_active > 0,
+            interactive_active,
+            rotational: self.rotational,
+            background_io: self.background_io_cost(),
+            slack: self.clean.get().map(|clean| clean * (TARGET_FACTOR - 1.0)),
+        }
+    }
+
     /// What one background I/O costs the device (ns), as measured; before
     /// that, an interactive one's.
     fn background_io_cost(&self) -> Option<f64> {
         self.background_service().or(self.interactive_service())
-    }
-
-    /// What a writeback I/O of `length` bytes costs the device (ns): the
-    /// fitted cost once lengths have varied, else a background service
-    /// time.
-    fn writeback_io_cost(&self, length: u64) -> Option<f64> {
-        self.writeback_cost
-            .cost(length)
-            .or_else(|| self.background_io_cost())
-    }
-
-    /// Count the floor credit writeback earned since the last call: a
-    /// share of the time it spent waiting beside interactive work. Every
-    /// writeback I/O spends its cost, whatever let it go, so the floor is
-    /// a share of device time however the rest of the queue sends it.
-    fn accrue_floor(&mut self, queued: &[ClassActivity; CLASSES], now: Nanos) {
-        let elapsed = now.saturating_sub(self.floor_at) as f64;
-        self.floor_at = now;
-        let writeback = &queued[IoClass::AsyncWrite as usize];
-        let held_out = writeback.queued > 0;
-        self.floor_accruing = held_out && self.interactive_present(queued, now);
-        if !self.floor_accruing {
-            // Nothing held back: the floor is not owed.
-            self.floor_credit = self.floor_credit.min(0.0);
-            return;
-        }
-        let Some(cost) = self.writeback_io_cost(self.writeback_length) else {
-            return;
-        };
-        self.floor_credit =
-            (self.floor_credit + elapsed * FLOOR_SHARE).min(cost * FLOOR_CREDIT_SERVICES);
-    }
-
-    /// Whether writeback has earned the device for one more I/O of its
-    /// usual length.
-    fn floor_due(&self) -> bool {
-        self.writeback_io_cost(self.writeback_length)
-            .is_some_and(|cost| self.floor_credit >= cost)
     }
 
     pub fn class_to_issue(
@@ -537,18 +433,19 @@ impl Adaptive {
         queued: &[ClassActivity; CLASSES],
         now: Nanos,
     ) -> Option<IoClass> {
-        self.accrue_floor(queued, now);
+        let present = self.interactive_present(queued, now);
+        let device = self.floor_device(interactive_in_device(queued));
+        self.floors.accrue(queued, present, now, device);
         for class in [IoClass::SyncRead, IoClass::SyncWrite] {
             if queued[class as usize].queued > 0 {
                 return Some(class);
             }
         }
-        let writeback = &queued[IoClass::AsyncWrite as usize];
-        if self.floor_due() && writeback.queued > 0 && writeback.active == 0 {
+        if let Some(class) = self.floors.due(queued, device) {
             // Whole: the floor is device time, and a piece would spend it
             // on switching.
             self.share_grant = true;
-            return Some(IoClass::AsyncWrite);
+            return Some(class);
         }
         let limit = self.background_limit(queued, now);
         if background_active(queued) >= limit {
@@ -586,8 +483,13 @@ impl Adaptive {
             return None;
         }
         let granted = self.clean_wanted == 0 && self.depth >= 1.0;
+        // With interactive I/O in the device, a scrub or resilver goes
+        // only by its floor, in whole runs: sent by the depth or the share
+        // window it went in pieces that each paid a seek on an HDD, and
+        // spent its device time moving a tenth of what a run moves.
         let class = BACKGROUND
             .into_iter()
+            .filter(|c| !(interactive_active > 0 && floor::streams(*c)))
             .find(|c| queued[*c as usize].queued > 0)?;
         self.share_grant = !granted && share_due;
         Some(class)
@@ -603,12 +505,9 @@ impl Adaptive {
         length: u64,
     ) -> u64 {
         self.share_grant = false;
-        if class == IoClass::AsyncWrite {
-            self.floor_credit -= self.writeback_io_cost(length).unwrap_or(0.0);
-            if length > 0 {
-                self.writeback_length = length;
-            }
-        }
+        let device = self.floor_device(interactive_in_device(active));
+        let present = self.interactive_present(active, now);
+        let run_position = self.floors.issued(class, length, device, present);
         if !class.is_sync() {
             self.background_issues += 1;
             self.background_since_interactive += 1;
@@ -631,7 +530,8 @@ impl Adaptive {
         let background_active = background_active(active) > u32::from(!class.is_sync());
         // Packed: background issues so far, I/Os in the device (this one
         // included), whether background was active.
-        (self.background_issues << 17)
+        (self.background_issues << ISSUES_SHIFT)
+            | ((run_position as u64) << RUN_POSITION_SHIFT)
             | (u64::from(all_active.min(0xffff)) << 1)
             | u64::from(background_active)
     }
@@ -658,8 +558,8 @@ impl Adaptive {
         }
         let mut bytes = clean * (TARGET_FACTOR - 1.0) * PIECE_SLACK_SHARE / per_byte;
         let fit = self
-            .writeback_cost
-            .parts()
+            .floors
+            .cost_parts(class)
             .filter(|_| class == IoClass::AsyncWrite);
         if let Some((fixed, per_byte)) = fit {
             if per_byte > 0.0 {
@@ -688,6 +588,11 @@ impl Adaptive {
     ) {
         let sample = latency as f64;
         self.latency[class as usize].record(sample);
+        let device_time = latency.min(now.saturating_sub(self.last_completion));
+        self.last_completion = now;
+        let run_position = RunPosition::from_bits(token >> RUN_POSITION_SHIFT);
+        self.floors
+            .charge(class, length, device_time as f64, run_position);
         if !class.is_sync() {
             let in_device = ((token >> 1) & 0xffff).max(1);
             self.background_unqueued.record(sample / in_device as f64);
@@ -698,14 +603,12 @@ impl Adaptive {
                 self.background_ns_per_byte
                     .record(sample / in_device as f64 / length as f64);
             }
-            if class == IoClass::AsyncWrite {
-                self.writeback_cost
-                    .record(length as f64, sample / in_device as f64);
-            }
+            self.floors
+                .completed(class, length, sample / in_device as f64);
             return;
         }
         self.last_interactive = now;
-        let clean = token & 1 == 0 && token >> 17 == self.background_issues;
+        let clean = token & 1 == 0 && token >> ISSUES_SHIFT == self.background_issues;
         if clean {
             self.clean.record(sample);
             self.clean_wanted = self.clean_wanted.saturating_sub(1);
@@ -738,14 +641,8 @@ impl Adaptive {
     /// interactive work gone), if one is set.
     pub fn next_deadline(&self, now: Nanos) -> Option<Nanos> {
         let share = self.share_window().map(|w| self.last_background + w);
-        // When the floor credit will pay for the next background I/O.
-        let floor = self
-            .writeback_io_cost(self.writeback_length)
-            .filter(|_| self.floor_accruing)
-            .and_then(|cost| {
-                let short = cost - self.floor_credit;
-                (short > 0.0).then(|| now.saturating_add((short / FLOOR_SHARE).ceil() as Nanos))
-            });
+        // When a floor's credit will pay for its next run.
+        let floor = self.floors.next_deadline(now, self.floor_device(1));
         let share = share.into_iter().chain(floor).min();
         let gone = self
             .interactive_service()

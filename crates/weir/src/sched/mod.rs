@@ -4,8 +4,10 @@
 //! (zfs.rs, adaptive.rs) lets it go to the device. docs/scheduler.md.
 
 mod adaptive;
-pub use adaptive::{Ewma, LinearCost};
 mod device_queue;
+mod estimate;
+pub use estimate::{Ewma, LinearCost};
+mod floor;
 pub mod queue;
 pub mod wbt;
 mod zfs;

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// A background class the depth, passes and pieces govern. A scrub or a
+/// resilver beside interactive work goes by its floor alone (floor.rs).
+const BACKGROUND: IoClass = IoClass::Trim;
+
 fn io(id: u64, class: IoClass, offset: u64, length: u64) -> QueuedIo {
     QueuedIo {
         id,
@@ -35,7 +39,7 @@ fn clean_reads(queue: &mut IoQueue, mut now: u64, latency_ns: u64) -> u64 {
 fn flash_queue_with_measured_scrub() -> (IoQueue, u64) {
     let mut queue = IoQueue::new(Mode::Adaptive, false);
     let mut now = clean_reads(&mut queue, 0, 100_000);
-    queue.enqueue(io(100, IoClass::Scrub, 0, 1 << 20), now);
+    queue.enqueue(io(100, BACKGROUND, 0, 1 << 20), now);
     let d = queue.next_to_issue(now).unwrap();
     assert_eq!(d.length, 1 << 20, "no per-byte cost measured yet: whole");
     now += 2_000_000;
@@ -47,7 +51,7 @@ fn flash_queue_with_measured_scrub() -> (IoQueue, u64) {
 fn fifo_sends_everything_at_once_in_order() {
     let mut queue = IoQueue::new(Mode::Fifo, true);
     for id in 0..5 {
-        queue.enqueue(io(id, IoClass::Scrub, (5 - id) << 20, 1 << 20), 0);
+        queue.enqueue(io(id, BACKGROUND, (5 - id) << 20, 1 << 20), 0);
     }
     let ids: Vec<u64> = drain(&mut queue, 0).iter().map(|d| d.id).collect();
     assert_eq!(ids, vec![0, 1, 2, 3, 4]);
@@ -130,15 +134,15 @@ fn adaptive_cuts_background_when_interactive_latency_rises_and_keeps_a_share() {
     // Reads beside a scrub I/O take 10 ms, alone 1 ms. Depth is cut to
     // zero, yet background still gets one I/O per share window.
     for id in 0..50 {
-        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
+        queue.enqueue(io(1000 + id, BACKGROUND, id << 20, 1 << 20), now);
     }
     let mut scrub_issued = 0;
     let mut slow_reads = 0;
     for id in 0..200 {
         queue.enqueue(io(100 + id, IoClass::SyncRead, (id * 7) << 20, 4096), now);
         let ds = drain(&mut queue, now);
-        let beside = ds.iter().any(|d| d.class == IoClass::Scrub);
-        scrub_issued += ds.iter().filter(|d| d.class == IoClass::Scrub).count();
+        let beside = ds.iter().any(|d| d.class == BACKGROUND);
+        scrub_issued += ds.iter().filter(|d| d.class == BACKGROUND).count();
         slow_reads += usize::from(beside);
         now += if beside { 10_000_000 } else { 1_000_000 };
         for d in ds {
@@ -157,7 +161,7 @@ fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
     let (mut queue, mut now) = flash_queue_with_measured_scrub();
     // Now measured: 1 MiB in 2 ms is ~1.9 ns a byte; half the slack
     // (50 us) buys ~26 KiB pieces.
-    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    queue.enqueue(io(101, BACKGROUND, 1 << 20, 1 << 20), now);
     let mut pieces = 0;
     let mut covered = 0;
     let mut completed = Vec::new();
@@ -185,7 +189,9 @@ fn adaptive_sends_large_background_reads_in_pieces_and_completes_them_once() {
 #[test]
 fn adaptive_sends_read_ahead_whole_where_it_cuts_a_scrub_read() {
     let (mut queue, now) = flash_queue_with_measured_scrub();
-    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    // Long after the reads, so that the device is background's.
+    let now = now + 10_000_000;
+    queue.enqueue(io(101, BACKGROUND, 1 << 20, 1 << 20), now);
     let scrub = queue.next_to_issue(now).expect("the scrub goes");
     assert!(
         scrub.length < 1 << 20,
@@ -205,12 +211,12 @@ fn adaptive_sends_read_ahead_whole_where_it_cuts_a_scrub_read() {
 fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_them() {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     queue.enqueue(io(1, IoClass::SyncRead, 0, 4096), 0);
-    queue.enqueue(io(2, IoClass::Scrub, 1 << 20, 1 << 20), 0);
+    queue.enqueue(io(2, BACKGROUND, 1 << 20, 1 << 20), 0);
     let first = drain(&mut queue, 0);
     assert!(!first.is_empty());
     // Switch while they are in the device; more arrive under zfs.
     queue.set_mode(Mode::Zfs, 1);
-    queue.enqueue(io(3, IoClass::Scrub, 8 << 20, 1 << 20), 1);
+    queue.enqueue(io(3, BACKGROUND, 8 << 20, 1 << 20), 1);
     queue.enqueue(io(4, IoClass::SyncRead, 4096, 4096), 1);
     let mut in_device: Vec<u64> = first.iter().map(|d| d.id).collect();
     in_device.extend(drain(&mut queue, 1).iter().map(|d| d.id));
@@ -238,7 +244,7 @@ fn switching_modes_with_ios_in_flight_completes_them_in_the_mode_that_issued_the
 #[test]
 fn a_split_io_whose_rest_waits_when_the_mode_turns_fifo_still_completes_once() {
     let (mut queue, now) = flash_queue_with_measured_scrub();
-    queue.enqueue(io(101, IoClass::Scrub, 1 << 20, 1 << 20), now);
+    queue.enqueue(io(101, BACKGROUND, 1 << 20, 1 << 20), now);
     let first = queue.next_to_issue(now).expect("a first piece");
     assert_eq!(first.piece_of, Some(101));
     assert!(first.length < 1 << 20);
@@ -265,14 +271,14 @@ fn adaptive_sends_one_background_io_at_a_time_until_it_has_measured_one() {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     queue.enqueue(io(1, IoClass::SyncRead, 0, 4096), 0);
     for id in 0..4 {
-        queue.enqueue(io(10 + id, IoClass::Scrub, (id + 1) << 20, 1 << 20), 0);
+        queue.enqueue(io(10 + id, BACKGROUND, (id + 1) << 20, 1 << 20), 0);
     }
     let first = drain(&mut queue, 0);
     let read = first
         .iter()
         .find(|d| d.class == IoClass::SyncRead)
         .expect("the read goes at once");
-    let beside = first.iter().filter(|d| d.class == IoClass::Scrub).count();
+    let beside = first.iter().filter(|d| d.class == BACKGROUND).count();
     assert!(beside <= 1, "nothing measured: at most one beside the read");
     queue.complete(read.id, 1_000);
     let after = drain(&mut queue, 1_000);
@@ -300,7 +306,7 @@ fn light_then(queue: &mut IoQueue, gap_ns: u64) -> (u64, usize) {
     let queue = &mut *queue;
     let mut now = clean_reads(queue, 0, 1_000_000);
     for id in 0..2000 {
-        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
+        queue.enqueue(io(1000 + id, BACKGROUND, id << 20, 1 << 20), now);
     }
     let mut passed = 0;
     for id in 0..100 {
@@ -312,10 +318,7 @@ fn light_then(queue: &mut IoQueue, gap_ns: u64) -> (u64, usize) {
             "interactive goes first"
         );
         if id >= 20 {
-            passed += with_read
-                .iter()
-                .filter(|d| d.class == IoClass::Scrub)
-                .count();
+            passed += with_read.iter().filter(|d| d.class == BACKGROUND).count();
         }
         now += 1_000_000;
         for d in with_read {
@@ -357,7 +360,7 @@ fn adaptive_passes_a_saturating_load_that_follows_a_light_one() {
     for id in 0..200 {
         queue.enqueue(io(5000 + id, IoClass::SyncRead, (id * 13) << 20, 4096), now);
         let ds = drain(&mut queue, now);
-        scrub_beside += ds.iter().filter(|d| d.class == IoClass::Scrub).count();
+        scrub_beside += ds.iter().filter(|d| d.class == BACKGROUND).count();
         in_device.extend(ds.iter().map(|d| d.id));
         now += 1_000_000;
         // Everything but the newest read completes.
@@ -378,7 +381,7 @@ fn rotating_queue_after_dense_reads() -> (IoQueue, u64, Vec<Dispatch>, u64) {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     let mut now = clean_reads(&mut queue, 0, 10_000_000);
     for id in 0..2000 {
-        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 16, 1 << 16), now);
+        queue.enqueue(io(1000 + id, BACKGROUND, id << 16, 1 << 16), now);
     }
     // Back-to-back reads, each 10 ms: dense interactive work.
     for id in 0..40 {
@@ -413,7 +416,7 @@ fn adaptive_sends_nothing_behind_a_lone_read_the_drive_is_serving() {
     // Once the read is done and the drive is free, the scrub goes on.
     queue.complete(with_read[0].id, now + 10_000_000);
     let after = drain(&mut queue, now + 10_000_000);
-    assert!(!after.is_empty() && after.iter().all(|d| d.class == IoClass::Scrub));
+    assert!(!after.is_empty() && after.iter().all(|d| d.class == BACKGROUND));
 }
 
 #[test]
@@ -452,7 +455,7 @@ fn adaptive_does_not_take_a_clients_turnaround_for_a_pause() {
     let mut queue = IoQueue::new(Mode::Adaptive, false);
     let mut now = clean_reads(&mut queue, 0, 100_000);
     for id in 0..2000 {
-        queue.enqueue(io(1000 + id, IoClass::Scrub, id << 16, 1 << 16), now);
+        queue.enqueue(io(1000 + id, BACKGROUND, id << 16, 1 << 16), now);
     }
     let mut in_device = Vec::new();
     for id in 0..60 {
@@ -472,13 +475,18 @@ fn adaptive_does_not_take_a_clients_turnaround_for_a_pause() {
         "{} background I/Os in a turnaround",
         in_turnaround.len()
     );
-    // A gap of ten turnarounds is a pause: the device is background's.
+    // A gap of ten turnarounds is a pause: background fills it, to what
+    // the next read may find ahead of it.
     let in_pause = drain(&mut queue, now + 1_200_000);
+    assert!(!in_pause.is_empty(), "nothing in the pause");
+    // Once the reads count as gone, the device is background's.
+    let idle = drain(&mut queue, now + 100 * 100_000);
     assert!(
-        in_turnaround.len() + in_pause.len() >= full,
-        "the pause is filled: {} + {}",
+        in_turnaround.len() + in_pause.len() + idle.len() >= full,
+        "idle: {} + {} + {}",
         in_turnaround.len(),
-        in_pause.len()
+        in_pause.len(),
+        idle.len()
     );
 }
 
@@ -561,18 +569,27 @@ fn dense_reader_beside(class: IoClass) -> (u64, u64) {
 }
 
 #[test]
-fn adaptive_gives_writeback_half_the_device_beside_a_reader_that_never_pauses() {
+fn adaptive_floors_writeback_resilver_and_scrub_beside_a_reader_that_never_pauses() {
     let (read_ns, writeback_ns) = dense_reader_beside(IoClass::AsyncWrite);
     let share = writeback_ns as f64 / (read_ns + writeback_ns) as f64;
     assert!(
         (0.35..=0.6).contains(&share),
         "writeback got {share:.2} of the device"
     );
-    // A scrub has no floor: it runs in the gaps and by the share window.
+    // A scrub's floor is what an eighth of its idle rate costs: here its
+    // bytes cost the same beside reads as alone, so an eighth of the time.
     let (read_ns, scrub_ns) = dense_reader_beside(IoClass::Scrub);
+    let share = scrub_ns as f64 / (read_ns + scrub_ns) as f64;
     assert!(
-        scrub_ns * 4 < read_ns,
-        "scrub {scrub_ns} ns, reads {read_ns} ns"
+        (0.1..=0.2).contains(&share),
+        "scrub got {share:.3} of the device"
+    );
+    // A resilver's, a quarter.
+    let (read_ns, resilver_ns) = dense_reader_beside(IoClass::Resilver);
+    let share = resilver_ns as f64 / (read_ns + resilver_ns) as f64;
+    assert!(
+        (0.2..=0.35).contains(&share),
+        "resilver got {share:.3} of the device"
     );
 }
 
@@ -651,7 +668,7 @@ fn adaptive_writeback_floor_counts_device_time_not_pieces_on_a_parallel_device()
 
 #[test]
 fn linear_cost_separates_fixed_cost_from_cost_per_byte() {
-    let mut cost = adaptive::LinearCost::default();
+    let mut cost = estimate::LinearCost::default();
     assert_eq!(cost.cost(4096), None);
     cost.record(8192.0, 300_000.0 + 2.0 * 8192.0);
     // One length: its cost, scaled.
