@@ -190,21 +190,24 @@ class Bench(unittest.TestCase):
 
     def test_scheduler_scenario_shows_the_pathology_and_adaptive_removes_it(self):
         """The scheduler scenario in the simulator, every mode in one
-        invocation, labelled, with all fourteen of its checks. 60 simulated
-        seconds (about 30 s of CPU): shorter runs miss the scrub checks of
-        cases 3 and 4 (case 3's scrub is 0.82x zfs's in 10 s, 0.92x in 20 s,
-        0.962-0.991x in 60 s on seeds 1-10; 0.95 needed);
-        docs/scheduler.md has their figures."""
+        invocation, labelled, with all fifteen of its checks (the last the
+        matrix's scrub floor in every cell) and the matrix's table. 60
+        simulated seconds (about 5 min of CPU on two cores): shorter runs
+        miss the scrub checks of cases 3 and 4 (case 3's scrub is 0.82x
+        zfs's in 10 s, 0.92x in 20 s, 0.962-0.991x in 60 s on seeds 1-10;
+        0.95 needed); docs/scheduler.md has their figures."""
         with tempfile.TemporaryDirectory() as out:
             result = run(WEIR, "bench", "scheduler", "--sim", "--seconds", "60", "--seed", "1",
-                         "--out", out, check=False, timeout=600)
+                         "--out", out, check=False, timeout=900)
             self.assertIn("log2 histogram", result.stdout)
             rows = {}
             for line in result.stdout.splitlines():
                 cells = [c.strip() for c in line.strip().strip("|").split("|")]
                 if len(cells) == 4 and cells[0][:2] in {f"{n}." for n in range(1, 8)}:
                     rows[cells[0]] = cells[3]
-            self.assertEqual(len(rows), 14, result.stdout[-3000:])
+            self.assertEqual(len(rows), 15, result.stdout[-3000:])
+            self.assertIn("| hdd | 4k qd8 | scrub |", result.stdout)
+            self.assertIn("| nvme | 16k qd4 + rand 64k writer | resilver |", result.stdout)
             missed = [check for check, ok in rows.items() if ok != "yes"]
             self.assertEqual(missed, [], result.stdout[-3000:])
             self.assertEqual(result.returncode, 0, result.stderr[-2000:])

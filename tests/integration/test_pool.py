@@ -454,6 +454,9 @@ class Scrub(PoolTest):
             # While it runs: the queues per class, with latency histograms.
             io = run(WEIR, "iostat", "-w", "0.5", "--count", "1", "--data-dir", self.data, timeout=30).stdout
             self.assertRegex(io, r"tank\s+\S+a\.img\s+scrub\s+[0-9.]+\s+[0-9.]+")
+            # In adaptive mode the scrub has a floor of device time.
+            self.assertRegex(io, r"a\.img\s+scrub\s+[0-9.]+\s+[0-9.]+\s+\d+\s+\d+\s+\d+%")
+            self.assertIn("then resilver, then scrub", io)
             self.assertIn("tank: latency (submission to completion)", io)
             self.assertEqual(self.weir("sched", "tank").stdout.strip(), "pool tank: adaptive")
             self.assertIn("now zfs", self.weir("sched", "tank", "zfs").stdout)

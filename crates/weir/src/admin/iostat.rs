@@ -41,6 +41,9 @@ struct Row {
     in_flight: u64,
     errors: u64,
     latency_log2_us: Vec<u64>,
+    /// In adaptive mode, the class's floor: its share of device time.
+    #[serde(default)]
+    floor_share: Option<f64>,
 }
 
 type Key = (String, String, String);
@@ -73,16 +76,19 @@ pub fn main(args: IostatArgs) -> anyhow::Result<()> {
     }
 }
 
+const FLOORS_LEGEND: &str = "FLOOR: the share of the device's time the class is guaranteed beside client I/O (adaptive mode); async-write, then resilver, then scrub when several are owed.\n";
+
 /// One report: the difference between two snapshots over `seconds`.
 fn render(before: &BTreeMap<Key, Row>, now: &[Row], seconds: f64, histograms: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<12} {:<40} {:<12} {:>10} {:>10} {:>8} {:>7}",
-        "POOL", "DEVICE", "CLASS", "OPS/S", "MB/S", "ACTIVE", "ERRORS"
+        "{:<12} {:<40} {:<12} {:>10} {:>10} {:>8} {:>7} {:>6}",
+        "POOL", "DEVICE", "CLASS", "OPS/S", "MB/S", "ACTIVE", "ERRORS", "FLOOR"
     );
     // Per (pool, class): latency buckets over the interval.
     let mut latency: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+    let mut floors_shown = false;
     for row in now {
         let old = before.get(&key(row));
         let delta = |new: u64, old: Option<u64>| new.saturating_sub(old.unwrap_or(0));
@@ -92,16 +98,21 @@ fn render(before: &BTreeMap<Key, Row>, now: &[Row], seconds: f64, histograms: bo
         }
         let bytes = delta(row.bytes, old.map(|o| o.bytes));
         let errors = delta(row.errors, old.map(|o| o.errors));
+        floors_shown |= row.floor_share.is_some();
+        let floor = row
+            .floor_share
+            .map_or("-".to_string(), |share| format!("{:.0}%", share * 100.0));
         let _ = writeln!(
             out,
-            "{:<12} {:<40} {:<12} {:>10.1} {:>10.1} {:>8} {:>7}",
+            "{:<12} {:<40} {:<12} {:>10.1} {:>10.1} {:>8} {:>7} {:>6}",
             row.pool,
             row.device,
             row.class,
             ops as f64 / seconds,
             bytes as f64 / seconds / 1e6,
             row.in_flight,
-            errors
+            errors,
+            floor
         );
         let buckets = latency
             .entry((row.pool.clone(), row.class.clone()))
@@ -110,6 +121,9 @@ fn render(before: &BTreeMap<Key, Row>, now: &[Row], seconds: f64, histograms: bo
             let old = old.and_then(|o| o.latency_log2_us.get(i).copied());
             buckets[i] += delta(*count, old);
         }
+    }
+    if floors_shown {
+        out.push_str(FLOORS_LEGEND);
     }
     if histograms {
         out.push_str(&render_histograms(&latency));
@@ -178,7 +192,19 @@ mod tests {
             in_flight: 0,
             errors: 0,
             latency_log2_us,
+            floor_share: None,
         }
+    }
+
+    #[test]
+    fn a_report_shows_a_class_floor() {
+        let mut scrub = row("scrub", 10, 12, 10);
+        scrub.floor_share = Some(0.25);
+        let text = render(&BTreeMap::new(), &[scrub], 1.0, false);
+        assert!(text.contains("25%"), "{text}");
+        assert!(text.contains("then resilver, then scrub"), "{text}");
+        let text = render(&BTreeMap::new(), &[row("scrub", 10, 12, 10)], 1.0, false);
+        assert!(!text.contains("FLOOR:"), "no floor, no legend: {text}");
     }
 
     #[test]

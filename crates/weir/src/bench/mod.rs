@@ -20,6 +20,7 @@ pub mod readahead;
 pub mod real;
 pub mod report;
 pub mod scenarios;
+pub mod scheduler_matrix;
 pub mod served;
 pub mod streams;
 pub mod writeback;

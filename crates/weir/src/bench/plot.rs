@@ -287,3 +287,50 @@ pub fn share_columns(
     canvas.text(MARGIN_LEFT, HEIGHT - 20, caption, 1, BLACK);
     canvas
 }
+
+/// Points on a 0-1 share scale across and `scale` up, one colour per
+/// series (name, points as (x, y)), with `caption` under the x axis.
+pub fn scatter_plot(
+    title: &str,
+    scale: YScale,
+    series: &[(String, Vec<(f64, f64)>)],
+    caption: &str,
+) -> Canvas {
+    const HEIGHT: i64 = 420;
+    let mut canvas = Canvas::new(WIDTH, HEIGHT as usize, [255, 255, 255]);
+    canvas.text(MARGIN_LEFT, 15, title, 2, BLACK);
+    let (top, bottom) = (TOP + 10, HEIGHT - 50);
+    let plot_width = WIDTH as i64 - MARGIN_LEFT - MARGIN_RIGHT - 220;
+    let plot_height = bottom - top;
+    let x_of = |share: f64| MARGIN_LEFT + (share.clamp(0.0, 1.0) * plot_width as f64) as i64;
+    let y_of = |value: f64| bottom - (scale.position(value) * plot_height as f64) as i64;
+    for (value, label) in scale.ticks() {
+        canvas.fill(MARGIN_LEFT, y_of(value), plot_width, 1, GREY);
+        canvas.text(12, y_of(value) - 3, &label, 1, BLACK);
+    }
+    for tenth in 0..=10 {
+        let share = f64::from(tenth) / 10.0;
+        let x = x_of(share);
+        canvas.fill(x, bottom, 1, 4, BLACK);
+        let label = format!("{share:.1}");
+        canvas.text(
+            x - Canvas::text_width(&label, 1) / 2,
+            bottom + 8,
+            &label,
+            1,
+            BLACK,
+        );
+    }
+    canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
+    for (index, (name, points)) in series.iter().enumerate() {
+        let colour = COLOURS[index % COLOURS.len()];
+        for (x, y) in points {
+            canvas.fill(x_of(*x) - 2, y_of(*y) - 2, 5, 5, colour);
+        }
+        let lx = WIDTH as i64 - MARGIN_RIGHT - 200;
+        canvas.fill(lx, top + 10 + index as i64 * 14, 10, 10, colour);
+        canvas.text(lx + 14, top + 11 + index as i64 * 14, name, 1, BLACK);
+    }
+    canvas.text(MARGIN_LEFT, HEIGHT - 20, caption, 1, BLACK);
+    canvas
+}

@@ -411,6 +411,11 @@ impl Adaptive {
         }
     }
 
+    /// `class`'s floor: its share of device time and its credit (ns).
+    pub fn floor(&self, class: IoClass) -> Option<(f64, f64)> {
+        self.floors.report(class, self.floor_device(0))
+    }
+
     /// What the floors need to know of this device.
     fn floor_device(&self, interactive_active: u32) -> floor::Device {
         floor::Device {

@@ -172,6 +172,12 @@ impl DeviceQueue {
         mode_from(self.shared.mode.load(Relaxed))
     }
 
+    /// In adaptive mode, `class`'s floor: its share of device time and its
+    /// credit (ns).
+    pub fn floor(&self, class: IoClass) -> Option<(f64, f64)> {
+        self.shared.scheduled.lock().queue.floor(class)
+    }
+
     /// Change the mode now; held I/Os move over (to fifo: they all go).
     pub fn set_mode(&self, mode: Mode) {
         let ready = {

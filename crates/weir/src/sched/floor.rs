@@ -12,7 +12,7 @@ use crate::device::model::Nanos;
 /// The classes with a floor, in the order they are served when several
 /// have earned an I/O: resilver before scrub, since a pool being
 /// resilvered is missing a copy.
-const FLOORED: [IoClass; 3] = [IoClass::AsyncWrite, IoClass::Resilver, IoClass::Scrub];
+pub const FLOORED: [IoClass; 3] = [IoClass::AsyncWrite, IoClass::Resilver, IoClass::Scrub];
 
 /// Writeback's share: half, so that a writer and a reader who both want
 /// the whole device split it, and writeback held back by a reader that
@@ -392,6 +392,15 @@ impl Floors {
         if floored(class) {
             self.class[class as usize].cost.record(length as f64, cost);
         }
+    }
+
+    /// `class`'s floor now: its share of device time and its credit (ns),
+    /// for a class with a floor.
+    pub fn report(&self, class: IoClass, device: Device) -> Option<(f64, f64)> {
+        floored(class).then(|| {
+            let floor = &self.class[class as usize];
+            (floor.share(class, device), floor.credit)
+        })
     }
 
     /// The fitted fixed cost and cost per byte of `class`'s I/Os.

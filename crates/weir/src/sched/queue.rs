@@ -383,6 +383,14 @@ impl IoQueue {
     }
 
     /// Per class: waiting and active counts.
+    /// In adaptive mode, `class`'s floor: its share of device time and
+    /// its credit (ns).
+    pub fn floor(&self, class: IoClass) -> Option<(f64, f64)> {
+        (self.mode == Mode::Adaptive)
+            .then(|| self.adaptive.floor(class))
+            .flatten()
+    }
+
     pub fn activity(&self) -> [ClassActivity; CLASSES] {
         let mut out = [ClassActivity::default(); CLASSES];
         for (i, a) in out.iter_mut().enumerate() {

@@ -150,6 +150,8 @@ impl PoolData {
                         "in_flight": k.in_flight.load(Ordering::Relaxed),
                         "errors": k.errors.load(Ordering::Relaxed),
                         "latency_log2_us": histogram,
+                        "floor_share": attached.queue.floor(class).map(|(share, _)| share),
+                        "floor_credit_ms": attached.queue.floor(class).map(|(_, credit)| credit / 1e6),
                     }));
                 }
             }
