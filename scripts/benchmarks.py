@@ -31,7 +31,7 @@ SCENARIO_PAGE = os.path.join(ROOT, "docs", "scenarios.md")
 SCENARIOS = {  # name: (weir bench arguments, what it shows)
     "calibrate": (["calibrate"], "each device model alone against the figures it is built to give"),
     "scheduler": (["scheduler", "--seconds", "60", "--seed", "1"],
-                  "the device queue's modes with a scrub beside random readers on HDD, SSD and NVMe mirrors"),
+                  "the device queue's modes with a scrub beside random readers on HDD, SSD and NVMe mirrors, and the matrix of foreground loads beside a scrub and a resilver"),
     "mirror-reads": (["mirror-reads"], "the mirror read policies on mixed, equal and slowing copies"),
     "scrub-vs-randread": (["scrub-vs-randread"], "a sequential scrub starving random reads on one HDD (fifo)"),
     "readahead": (["readahead"], "readers of every kind on HDD, SSD and NVMe models with readahead off and on"),

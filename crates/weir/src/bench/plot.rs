@@ -147,6 +147,18 @@ impl YScale {
     }
 }
 
+/// A tick on the x axis at `x`, its label centred under it.
+fn x_tick(canvas: &mut Canvas, x: i64, bottom: i64, label: &str) {
+    canvas.fill(x, bottom, 1, 4, BLACK);
+    canvas.text(
+        x - Canvas::text_width(label, 1) / 2,
+        bottom + 8,
+        label,
+        1,
+        BLACK,
+    );
+}
+
 /// A line per policy of one copy's share of reads (0 to 1) over time, with
 /// the window of a fault shaded. Each line: (name, step in s, shares).
 pub fn share_plot(title: &str, shaded_s: (f64, f64), lines: &[(String, f64, Vec<f64>)]) -> Canvas {
@@ -195,15 +207,11 @@ pub fn step_plot(
     }
     let every_s = (end_s / 20.0).ceil().max(1.0) as i64;
     for second in (0..=end_s as i64).step_by(every_s as usize) {
-        let x = x_of(second as f64);
-        canvas.fill(x, bottom, 1, 4, BLACK);
-        let label = format!("{second}s");
-        canvas.text(
-            x - Canvas::text_width(&label, 1) / 2,
-            bottom + 8,
-            &label,
-            1,
-            BLACK,
+        x_tick(
+            &mut canvas,
+            x_of(second as f64),
+            bottom,
+            &format!("{second}s"),
         );
     }
     canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
@@ -310,16 +318,7 @@ pub fn scatter_plot(
     }
     for tenth in 0..=10 {
         let share = f64::from(tenth) / 10.0;
-        let x = x_of(share);
-        canvas.fill(x, bottom, 1, 4, BLACK);
-        let label = format!("{share:.1}");
-        canvas.text(
-            x - Canvas::text_width(&label, 1) / 2,
-            bottom + 8,
-            &label,
-            1,
-            BLACK,
-        );
+        x_tick(&mut canvas, x_of(share), bottom, &format!("{share:.1}"));
     }
     canvas.fill(MARGIN_LEFT, bottom, plot_width, 1, BLACK);
     for (index, (name, points)) in series.iter().enumerate() {

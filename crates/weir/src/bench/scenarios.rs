@@ -518,9 +518,9 @@ fn mirror(targets: &mut dyn Targets, device: &str, mode: Mode) -> anyhow::Result
 
 /// The device queue's modes on mirrors of two devices: fifo, zfs and
 /// adaptive with a scrub beside random readers, and idle references,
-/// checked against the scenario's checks; in the simulator also the
-/// matrix of foreground loads (scheduler_matrix.rs). In real time each
-/// mirror is a served pool, and the scrub is the pool's own.
+/// checked against the scenario's checks (scheduler_matrix.rs adds the
+/// matrix in the simulator). In real time each mirror is a served pool,
+/// and the scrub is the pool's own.
 pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
     let scrub = scrub_job(2);
     let reader = "name=randread,rw=randread,bs=4k,qd=1";
@@ -665,22 +665,10 @@ pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::
             f64::INFINITY,
         ));
     }
-    let mut notes = String::new();
-    let mut plots = Vec::new();
-    if targets_mode == "sim" {
-        let matrix = super::scheduler_matrix::run(seconds, seed)?;
-        notes = format!(
-            "Matrix: each load beside a scrub (fifo, zfs, adaptive) and a resilver (zfs, adaptive); background / idle is its rate over its rate alone.\n\n{}",
-            matrix.table
-        );
-        runs.extend(matrix.runs);
-        checks.extend(matrix.checks);
-        plots.push(("matrix".to_string(), matrix.plot));
-    }
     Ok(Outcome {
         report: report("scheduler", targets_mode, seconds, seed, runs),
         checks,
-        notes,
-        plots,
+        notes: String::new(),
+        plots: Vec::new(),
     })
 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use super::canvas::Canvas;
 use super::plot::{self, YScale};
 use super::report::Run;
-use super::scenarios::{jobs, model, stream, Check, HDD, NVME, SSD};
+use super::scenarios::{self, jobs, model, stream, Check, Outcome, Targets, HDD, NVME, SSD};
 use super::{run_jobs, Target};
 use crate::pool::mirror::select::ReadPolicy;
 use crate::sched::Mode;
@@ -128,9 +128,26 @@ fn background_job(kind: &str) -> String {
     format!("name=background,rw=read,bs=1m,qd=8,class={kind}")
 }
 
-/// The matrix's outcome: its runs, a table, its checks and the plot.
+/// The scheduler scenario (scenarios.rs) and, in the simulator, the
+/// matrix: its table in the notes, its check after the scenario's, its
+/// plot as `matrix`. The matrix's runs stay out of the report, whose
+/// histograms would otherwise hold hundreds of them.
+pub fn scheduler(targets: &mut dyn Targets, seconds: f64, seed: u64) -> anyhow::Result<Outcome> {
+    let mut outcome = scenarios::scheduler(targets, seconds, seed)?;
+    if outcome.report.mode == "sim" {
+        let matrix = run(seconds, seed)?;
+        outcome.notes = format!(
+            "Matrix: each load beside a scrub (fifo, zfs, adaptive) and a resilver (zfs, adaptive); background / idle is its rate over its rate alone.\n\n{}",
+            matrix.table
+        );
+        outcome.checks.extend(matrix.checks);
+        outcome.plots.push(("matrix".to_string(), matrix.plot));
+    }
+    Ok(outcome)
+}
+
+/// The matrix's outcome: a table, its checks and the plot.
 pub struct Matrix {
-    pub runs: Vec<Run>,
     pub table: String,
     pub checks: Vec<Check>,
     pub plot: Canvas,
@@ -139,7 +156,6 @@ pub struct Matrix {
 struct Runner {
     seconds: f64,
     seed: u64,
-    runs: Vec<Run>,
 }
 
 impl Runner {
@@ -167,9 +183,7 @@ impl Runner {
                 .map(|h| h.join().expect("a simulation thread panicked"))
                 .collect()
         });
-        let runs = runs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-        self.runs.extend(runs.iter().cloned());
-        Ok(runs)
+        runs.into_iter().collect()
     }
 }
 
@@ -241,11 +255,7 @@ fn loads(runner: &mut Runner, name: &str, device: &str) -> anyhow::Result<Vec<Lo
 /// Run the matrix: every load beside a scrub under every mode, and beside
 /// a resilver under zfs and adaptive, on each device model.
 pub fn run(seconds: f64, seed: u64) -> anyhow::Result<Matrix> {
-    let mut runner = Runner {
-        seconds,
-        seed,
-        runs: Vec::new(),
-    };
+    let mut runner = Runner { seconds, seed };
     let mut cells = Vec::new();
     for (name, device) in DEVICES {
         let loads = loads(&mut runner, name, device)?;
@@ -303,7 +313,6 @@ pub fn run(seconds: f64, seed: u64) -> anyhow::Result<Matrix> {
         table: table(&cells),
         checks: checks(&cells),
         plot: scatter(&cells),
-        runs: runner.runs,
     })
 }
 

@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 
 use crate::bench::report::Report;
 use crate::bench::scenarios::{self, checks_table, Outcome, SimTargets, Targets};
+use crate::bench::scheduler_matrix;
 use crate::bench::served::{PoolRoot, ServedTargets};
 use crate::bench::{emit, parse_jobs, run_jobs, Target};
 use crate::cache::CacheMode;
@@ -133,7 +134,7 @@ pub fn main(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Run(args) => run(args),
         BenchCommand::Calibrate(args) => scenario(args, 10.0, scenarios::calibrate),
         BenchCommand::ScrubVsRandread(args) => scenario(args, 20.0, scenarios::scrub_vs_randread),
-        BenchCommand::Scheduler(args) => scenario(args, 60.0, scenarios::scheduler),
+        BenchCommand::Scheduler(args) => scenario(args, 60.0, scheduler_matrix::scheduler),
         BenchCommand::MirrorReads(args) => {
             scenario(args, 10.0, crate::bench::mirror_reads::mirror_reads)
         }

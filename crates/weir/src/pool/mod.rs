@@ -11,6 +11,7 @@ pub mod label;
 pub mod layout;
 mod members;
 pub mod mirror;
+pub mod progress;
 pub mod read_policy;
 pub mod registry;
 pub mod scrub;

@@ -112,16 +112,6 @@ pub fn save(pool: &str, data_dir: &Path, checkpoint: &Checkpoint) -> anyhow::Res
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// ", ETA N s": the time left for `total` chunks at the rate the first
-/// `done` took `seconds` at; empty before there is a rate.
-pub fn eta(done: u64, total: u64, seconds: f64) -> String {
-    if done == 0 || seconds <= 0.0 {
-        return String::new();
-    }
-    let left = total.saturating_sub(done) as f64 * seconds / done as f64;
-    format!(", ETA {left:.0} s")
-}
-
 pub fn describe(pool: &str, c: &Checkpoint) -> String {
     let percent = if c.chunks_total == 0 {
         100.0
@@ -134,7 +124,7 @@ pub fn describe(pool: &str, c: &Checkpoint) -> String {
         0.0
     };
     let eta = if c.state == ScrubState::Running {
-        eta(c.chunks_done, c.chunks_total, c.seconds)
+        super::progress::eta(c.chunks_done, c.chunks_total, c.seconds)
     } else {
         String::new()
     };
@@ -479,16 +469,4 @@ fn scrub_window(pool: &PoolData, shared: &Shared, from: (usize, u64)) {
         }
     });
     pool.note_scrub_positions(group, None);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::eta;
-
-    #[test]
-    fn the_time_left_follows_the_rate_so_far() {
-        assert_eq!(eta(0, 100, 5.0), "", "no rate yet");
-        assert_eq!(eta(25, 100, 10.0), ", ETA 30 s");
-        assert_eq!(eta(100, 100, 10.0), ", ETA 0 s");
-    }
 }

@@ -44,6 +44,8 @@ const CREDIT_IOS_MAX: f64 = 4.0;
 /// How fast the least cost per byte a class showed drifts up, per I/O:
 /// about 10% over a hundred.
 const BEST_DRIFT: f64 = 1.001;
+/// How far a cheaper sample moves it down.
+const BEST_STEP_DOWN: f64 = 0.25;
 /// Device time a class took beyond its floor (in the gaps interactive
 /// work leaves, or at idle depth) is remembered for up to this long: the
 /// floor holds over any second, so a class that has had more than its
@@ -133,7 +135,7 @@ struct ClassFloor {
     /// Device time per byte (ns) of its I/Os sent with the device to
     /// itself.
     idle_per_byte: Ewma,
-    /// The least device time per byte (ns) any of its I/Os took lately,
+    /// About the least device time per byte (ns) its I/Os took lately,
     /// drifting up slowly: what its bytes cost when the device streams
     /// them, for a class that has never had the device to itself.
     best_per_byte: f64,
@@ -367,10 +369,16 @@ impl Floors {
         }
         if length > 0 && position != RunPosition::Outside {
             let per_byte = device_time / length as f64;
-            floor.best_per_byte = if floor.best_per_byte > 0.0 {
-                (floor.best_per_byte * BEST_DRIFT).min(per_byte)
-            } else {
+            let best = floor.best_per_byte;
+            floor.best_per_byte = if best <= 0.0 {
                 per_byte
+            } else if per_byte < best {
+                // A quarter of the way down: one I/O that finished just
+                // after another (and so seems to have cost nothing) must
+                // not set the bar alone.
+                best + BEST_STEP_DOWN * (per_byte - best)
+            } else {
+                (best * BEST_DRIFT).min(per_byte)
             };
         }
         match position {

@@ -30,7 +30,7 @@ impl PoolData {
                         .resilver_started
                         .lock()
                         .map_or(0.0, |t| t.elapsed().as_secs_f64());
-                    let eta = crate::pool::scrub::eta(done, total, seconds);
+                    let eta = crate::pool::progress::eta(done, total, seconds);
                     let _ = writeln!(
                         out,
                         "resilver: {} {:.1}% ({done} of {total} chunks) after {seconds:.0} s{eta}",
