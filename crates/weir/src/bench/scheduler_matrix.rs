@@ -365,11 +365,9 @@ fn micros(us: f64) -> String {
 }
 
 /// What the matrix checks: the scrub's floor in every cell. How adaptive's
-/// reader compares with zfs's, and the resilver cells, are counted in
-/// the table's summary (`summary`), not checked: on the HDD model at QD8
-/// the reader's IOPS and p99 beside a scrub at 10% of its idle rate sit
-/// at 0.86-0.93x and 1.0-1.15x zfs's (which gives the scrub 7%), and no
-/// floor found gives a resilver 20% there with the reader at 0.9x.
+/// reader compares with zfs's, and the resilver cells, are counted in the
+/// table's summary (`summary`), not checked: docs/scheduler.md (Known
+/// limits) says where adaptive falls short of them.
 fn checks(cells: &[Cell]) -> Vec<Check> {
     let scrubs: Vec<&Cell> = cells.iter().filter(|c| c.background == "scrub").collect();
     let met = scrubs

@@ -21,10 +21,10 @@ pub const FLOORED: [IoClass; 3] = [IoClass::AsyncWrite, IoClass::Resilver, IoCla
 const WRITEBACK_SHARE: f64 = 0.5;
 /// A scrub held back by interactive work should still finish within about
 /// this many times its idle duration: its share is the device time that
-/// moving a sixth of its idle rate costs, as measured.
+/// moving an eighth of its idle rate costs, as measured.
 const SCRUB_SLOWDOWN_MAX: f64 = 8.0;
-/// A resilver, twice as fast as a scrub, because until it ends the pool
-/// is missing a copy.
+/// A resilver's bound is tighter (a third of its idle rate), because
+/// until it ends the pool is missing a copy.
 const RESILVER_SLOWDOWN_MAX: f64 = 3.0;
 /// However dear a scrub's or resilver's bytes are beside interactive
 /// work, its floor takes at most half the device.
@@ -66,6 +66,7 @@ pub(super) struct Device {
     pub slack: Option<f64>,
     /// Interactive I/O is in the device: a run sent now goes ahead of it.
     pub interactive_waiting: bool,
+    /// How many interactive I/Os are in the device.
     pub interactive_active: u32,
     /// The device moves a head and serves one I/O at a time.
     pub rotational: bool,
@@ -144,21 +145,20 @@ struct ClassFloor {
 #[derive(Debug, Default)]
 pub(super) struct Floors {
     class: [ClassFloor; CLASSES],
-
     /// When credit was last counted.
     at: Nanos,
 }
 
 impl ClassFloor {
-    /// What an I/O of `length` costs (ns): the fitted cost, else
-    /// `fallback`.
+    /// What an I/O of `length` costs (ns): the fitted cost, else what a
+    /// background I/O on the device costs.
     fn io_cost(&self, length: u64, device: Device) -> Option<f64> {
         self.cost.cost(length).or(device.background_io)
     }
 
     /// I/Os in a run of this class, and the run's cost (ns). A scrub's or
-    /// resilver's run lasts about an interactive I/O's slack, so that one
-    /// arriving behind it still meets its target, and pays the fixed cost
+    /// resilver's run lasts about half an interactive I/O's slack, so that
+    /// one arriving behind it still meets its target, and pays the fixed cost
     /// of getting there (an HDD's seek) once: its I/Os follow one another.
     /// Until a later I/O's time is known, runs are of two where the slack
     /// has room for more than one, to measure it.
@@ -223,8 +223,7 @@ impl ClassFloor {
 
 impl Floors {
     /// Count the credit each class earned since the last call: its share
-    /// of the time it spent held back beside interactive work. `fallback`
-    /// is what an I/O costs before a class's own cost is measured.
+    /// of the time it spent backlogged beside interactive work.
     pub fn accrue(
         &mut self,
         queued: &[ClassActivity; CLASSES],
@@ -265,8 +264,10 @@ impl Floors {
         }
     }
 
-    /// The floored class that may send an I/O now: one in a run, or one
-    /// whose credit pays for a whole run and has none in the device.
+    /// The floored class that may send an I/O now: one in a run; on a
+    /// disk with interactive I/O in it, one still owed device time with
+    /// fewer of its I/Os there than its presence allows; else one whose
+    /// credit pays for a whole run.
     pub fn due(&mut self, queued: &[ClassActivity; CLASSES], device: Device) -> Option<IoClass> {
         for class in FLOORED {
             let activity = queued[class as usize];
@@ -375,7 +376,7 @@ impl Floors {
             } else if per_byte < best {
                 // A quarter of the way down: one I/O that finished just
                 // after another (and so seems to have cost nothing) must
-                // not set the bar alone.
+                // not decide it alone.
                 best + BEST_STEP_DOWN * (per_byte - best)
             } else {
                 (best * BEST_DRIFT).min(per_byte)

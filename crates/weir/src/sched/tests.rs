@@ -584,7 +584,7 @@ fn adaptive_floors_writeback_resilver_and_scrub_beside_a_reader_that_never_pause
         (0.1..=0.2).contains(&share),
         "scrub got {share:.3} of the device"
     );
-    // A resilver's, a quarter.
+    // A resilver's, a third.
     let (read_ns, resilver_ns) = dense_reader_beside(IoClass::Resilver);
     let share = resilver_ns as f64 / (read_ns + resilver_ns) as f64;
     assert!(
