@@ -332,8 +332,14 @@ impl Hdd {
             stream.cached_start = stream
                 .cached_start
                 .max(end.saturating_sub(p.cache_segment_bytes_max));
-            let ready = stream.available_at(end).max(now + p.command_overhead_ns);
-            return ready + slowed(iface, self.slowdown);
+            // Bytes go over the link as the media delivers them, as on a
+            // miss: the link is faster than the media, so the read ends
+            // when the media reaches its end, or when the link has sent
+            // it all from its first byte, whichever is later.
+            let first = stream
+                .available_at(io.offset)
+                .max(now + p.command_overhead_ns);
+            return (first + slowed(iface, self.slowdown)).max(stream.available_at(end));
         }
         if self.in_segment(io.offset, end) {
             return now + slowed(p.command_overhead_ns + iface, self.slowdown);

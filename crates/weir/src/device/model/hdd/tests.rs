@@ -86,6 +86,27 @@ fn a_sequential_reader_is_served_from_the_read_ahead_cache() {
 }
 
 #[test]
+fn a_large_read_the_media_is_still_reading_sends_its_bytes_as_they_arrive() {
+    let mut hdd = drive();
+    hdd.submit(read(1, 0, 1 << 20), 0);
+    let first = drain(&mut hdd)[0].1;
+    let length = 8u64 << 20;
+    hdd.submit(read(2, 1 << 20, length), first);
+    let done = drain(&mut hdd)[0].1;
+    let rate = hdd.params().media_rate_at(1 << 20);
+    let media = transfer_nanos(length, rate);
+    let link = transfer_nanos(length, hdd.params().interface_bytes_per_sec);
+    // The link sends each byte as the media delivers it: the read ends
+    // with the media, not a whole link transfer after it.
+    assert!(done - first >= media, "{} < {media}", done - first);
+    assert!(
+        done - first < media + link / 8,
+        "{} ns: media {media}, link {link}",
+        done - first
+    );
+}
+
+#[test]
 fn the_queue_serves_the_nearest_request_first() {
     let mut hdd = drive();
     // Occupy the head, then queue one far and one near request.
