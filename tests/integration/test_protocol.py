@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
@@ -289,9 +290,12 @@ class MalformedInput(RawClient, unittest.TestCase):
             self.assertEqual(self.option_reply(s)[1], 0x80000003)  # NBD_REP_ERR_INVALID
             s.sendall(struct.pack(">QII", IHAVEOPT, 0x77, 3) + b"abc")
             self.assertEqual(self.option_reply(s)[1], 0x80000001)  # NBD_REP_ERR_UNSUP
-            s.close()
+            # An option announcing 2 GiB is refused at its header, unread.
+            s.sendall(struct.pack(">QII", IHAVEOPT, 3, 2**31 - 1))
+            self.assertEqual(self.option_reply(s)[1], 0x80000009)  # NBD_REP_ERR_TOO_BIG
+            self.assert_closed(s)
 
-            # 4. Transmission: unknown command, unknown flag, oversize write, then bad magic.
+            # 4. Transmission: unknown command, unknown flag, out of range, then bad magic.
             s = raw_connection(weir.socket)
             self.handshake_to_options(s)
             self.go(s)
@@ -302,10 +306,17 @@ class MalformedInput(RawClient, unittest.TestCase):
                 return error
             self.assertEqual(request(0, 42, 1, 0, 512), errno.EINVAL)
             self.assertEqual(request(1 << 12, 0, 2, 0, 512), errno.EINVAL)
-            self.assertEqual(request(0, 1, 3, 0, 33 * MIB, bytes(33 * MIB)), errno.EINVAL)
             self.assertEqual(request(0, 1, 4, 16 * MIB, 512, bytes(512)), errno.ENOSPC)
             self.assertEqual(request(0, 3, 5, 0, 0), 0)  # flush still works after all that
             s.sendall(b"\xde\xad\xbe\xef" + bytes(24))
+            self.assert_closed(s)
+
+            # A write header announcing 4 GiB - 1 closes the connection at once,
+            # without the server reading (or the client sending) the payload.
+            s = raw_connection(weir.socket)
+            self.handshake_to_options(s)
+            self.go(s)
+            s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 1, 3, 0, 2**32 - 1))
             self.assert_closed(s)
 
             # 5. A client that vanishes mid-request and one that vanishes with replies pending.
@@ -334,7 +345,8 @@ class MalformedInput(RawClient, unittest.TestCase):
             self.assertEqual(weir.stop(), 0)
             logs = weir.logs()
             for reason in ("unknown flags", "bad option magic", "bad request magic", "unknown command",
-                           "larger than the maximum block size", "mid-write payload"):
+                           "larger than the maximum block size", "closed without reading it",
+                           "more than 65536", "mid-write payload"):
                 self.assertIn(reason, logs)
             self.assertNotIn("panicked", logs)
 
@@ -442,8 +454,13 @@ class Startup(unittest.TestCase):
                 h.pwrite(b"persist!" * 512, 0)
                 h.flush()
                 h.shutdown()
+                # What weir creates is its owner's alone.
+                self.assertEqual(stat.S_IMODE(os.stat(weir.socket).st_mode) & 0o077, 0)
+                data = os.path.join(tmp, "weir-data")
+                self.assertEqual(stat.S_IMODE(os.stat(data).st_mode), 0o700)
+                for name in ("demo-0.img", "demo-1.img", "pools.toml", "admin.addr"):
+                    self.assertEqual(stat.S_IMODE(os.stat(os.path.join(data, name)).st_mode), 0o600, name)
                 self.assertEqual(weir.stop(), 0)
-            data = os.path.join(tmp, "weir-data")
             for name in ("demo-0.img", "demo-1.img", "pools.toml"):
                 self.assertTrue(os.path.exists(os.path.join(data, name)), name)
             status = run(WEIR, "pool", "status", "demo", "--data-dir", data).stdout

@@ -79,6 +79,13 @@ pub enum HandshakeError {
     BadOptionMagic(u64),
     UnknownExport(String),
     ExportNameTooLong(u32),
+    /// An option announcing more data than any option needs: refused with
+    /// `NBD_REP_ERR_TOO_BIG`, then the connection closes rather than read
+    /// what may be gigabytes.
+    OptionTooLarge {
+        option: u32,
+        length: u32,
+    },
     TooManyOptions,
     AlreadyFinished,
 }
@@ -96,6 +103,10 @@ impl std::fmt::Display for HandshakeError {
             HandshakeError::ExportNameTooLong(len) => {
                 write!(f, "NBD_OPT_EXPORT_NAME of {len} bytes")
             }
+            HandshakeError::OptionTooLarge { option, length } => write!(
+                f,
+                "option {option} announces {length} bytes, more than {OPTION_DATA_BYTES_MAX}"
+            ),
             HandshakeError::TooManyOptions => write!(f, "more than {OPTIONS_MAX} options"),
             HandshakeError::AlreadyFinished => write!(f, "input after the handshake finished"),
         }
@@ -108,15 +119,7 @@ impl std::error::Error for HandshakeError {}
 enum State {
     ClientFlags,
     OptionHeader,
-    OptionData {
-        option: u32,
-        length: u32,
-    },
-    /// Skipping an oversize option; answer it once it has streamed past.
-    Discarding {
-        option: u32,
-        remaining: u32,
-    },
+    OptionData { option: u32, length: u32 },
     Finished,
 }
 
@@ -207,28 +210,14 @@ impl Handshake {
                     if self.options_seen > OPTIONS_MAX {
                         break Err(HandshakeError::TooManyOptions);
                     }
-                    self.state = if length > OPTION_DATA_BYTES_MAX {
+                    if length > OPTION_DATA_BYTES_MAX {
                         if option == OPT_EXPORT_NAME {
                             break Err(HandshakeError::ExportNameTooLong(length));
                         }
-                        State::Discarding {
-                            option,
-                            remaining: length,
-                        }
-                    } else {
-                        State::OptionData { option, length }
-                    };
-                }
-                State::Discarding { option, remaining } => {
-                    let skip = available.len().min(remaining as usize);
-                    consumed += skip;
-                    let remaining = remaining - skip as u32;
-                    if remaining > 0 {
-                        self.state = State::Discarding { option, remaining };
-                        break Ok(Progress::NeedMore);
+                        self.reply_error(option, REP_ERR_TOO_BIG, "option payload too large");
+                        break Err(HandshakeError::OptionTooLarge { option, length });
                     }
-                    self.reply_error(option, REP_ERR_TOO_BIG, "option payload too large");
-                    self.state = State::OptionHeader;
+                    self.state = State::OptionData { option, length };
                 }
                 State::OptionData { option, length } => {
                     if available.len() < length as usize {

@@ -125,11 +125,23 @@ pub enum Verdict {
         reason: &'static str,
         discard_bytes: u32,
     },
+    /// Close the connection without reading the payload: a write larger
+    /// than the maximum block size announces bytes no request may carry,
+    /// and reading gigabytes to stay in step with such a client only
+    /// holds its thread.
+    Disconnect {
+        reason: &'static str,
+    },
 }
 
 /// Check one request against the session: flags known and allowed for the
 /// command, range inside the export, payload within bounds, permissions.
 pub fn validate(header: &RequestHeader, session: &Session) -> Verdict {
+    if header.kind == CMD_WRITE && header.length > session.payload_bytes_max {
+        return Verdict::Disconnect {
+            reason: "write payload larger than the maximum block size",
+        };
+    }
     let discard_bytes = header.payload_bytes();
     let reject = |errno, reason| Verdict::Reject {
         errno,
@@ -152,8 +164,8 @@ pub fn validate(header: &RequestHeader, session: &Session) -> Verdict {
     if is_write && session.read_only {
         return reject(Errno::Perm, "write to a read-only export");
     }
-    if matches!(header.kind, CMD_READ | CMD_WRITE) && length > session.payload_bytes_max {
-        let errno = if header.kind == CMD_READ && session.structured_replies {
+    if header.kind == CMD_READ && length > session.payload_bytes_max {
+        let errno = if session.structured_replies {
             Errno::Overflow
         } else {
             Errno::Inval
@@ -242,6 +254,7 @@ mod tests {
         match verdict {
             Verdict::Reject { errno, .. } => errno,
             Verdict::Run(command) => panic!("expected a rejection, got {command:?}"),
+            Verdict::Disconnect { reason } => panic!("expected an error reply, got {reason}"),
         }
     }
 
@@ -310,18 +323,21 @@ mod tests {
     }
 
     #[test]
-    fn oversize_write_is_einval_and_payload_is_discarded() {
-        match validate(&header(CMD_WRITE, 0, 0, 33 * MIB), &session()) {
-            Verdict::Reject {
-                errno,
-                discard_bytes,
-                ..
-            } => {
-                assert_eq!(errno, Errno::Inval);
-                assert_eq!(discard_bytes, 33 * MIB);
-            }
-            other => panic!("unexpected {other:?}"),
+    fn oversize_write_disconnects_without_reading_its_payload() {
+        for length in [33 * MIB, u32::MAX] {
+            assert!(
+                matches!(
+                    validate(&header(CMD_WRITE, 0, 0, length), &session()),
+                    Verdict::Disconnect { .. }
+                ),
+                "{length}"
+            );
         }
+        // At the maximum it is an ordinary write.
+        assert!(matches!(
+            validate(&header(CMD_WRITE, 0, 0, 32 * MIB), &session()),
+            Verdict::Run(Command::Write { .. })
+        ));
     }
 
     #[test]
@@ -516,6 +532,12 @@ mod tests {
                     refused += 1;
                     let payload = if kind == CMD_WRITE { length } else { 0 };
                     assert_eq!(discard_bytes, payload, "{request:?}");
+                    assert!(discard_bytes <= session.payload_bytes_max, "{request:?}");
+                }
+                Verdict::Disconnect { .. } => {
+                    refused += 1;
+                    assert_eq!(kind, CMD_WRITE, "{request:?}");
+                    assert!(length > session.payload_bytes_max, "{request:?}");
                 }
             }
         }

@@ -21,6 +21,9 @@ use weir::volume::Volume;
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Bench(_) | Command::Reference(_)) {
+        owner_only_files();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve(&args),
         Command::Bench(command) => weir::cli::bench::main(command),
@@ -45,6 +48,18 @@ fn main() {
     if let Err(err) = result {
         eprintln!("weir: error: {err:#}");
         std::process::exit(1);
+    }
+}
+
+/// What weir creates for a volume's data (the data directory, member and
+/// export files, pools.toml, admin.addr, the Unix socket) is its owner's
+/// alone: mode 0600, directories 0700. Another local user who could read a
+/// member file would read every volume on it. An operator who wants a
+/// group to reach the socket changes its mode after start.
+fn owner_only_files() {
+    // SAFETY: umask only sets the process's file mode creation mask.
+    unsafe {
+        libc::umask(0o077);
     }
 }
 

@@ -33,7 +33,9 @@ use crate::cache::LocalPauses;
 use crate::device::{AlignedBuf, ThreadRing};
 use crate::volume::{Done, Volume};
 
-/// A client that stalls mid-handshake longer than this is dropped.
+/// A handshake must finish within this, however its bytes trickle in: a
+/// client sending a byte every few seconds would otherwise hold its
+/// connection slot for good.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests in flight per connection.
 const REQUESTS_IN_FLIGHT_MAX: u32 = 256;
@@ -54,12 +56,29 @@ pub fn serve(mut stream: Stream, exports: Arc<Exports>) {
 }
 
 fn handshake(stream: &mut Stream, exports: &Exports) -> Result<Option<Negotiated>, String> {
-    stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    handshake_within(stream, exports, HANDSHAKE_TIMEOUT)
+}
+
+fn handshake_within(
+    stream: &mut Stream,
+    exports: &Exports,
+    timeout: Duration,
+) -> Result<Option<Negotiated>, String> {
+    let deadline = Instant::now() + timeout;
+    let late = || format!("handshake not finished within {timeout:?}");
     let mut machine = Handshake::new();
     let mut buf = [0u8; 8192];
     loop {
+        // Reads and writes (a client that does not read our replies) both
+        // end at the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(late());
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .and_then(|()| stream.set_write_timeout(Some(left)))
+            .map_err(|e| e.to_string())?;
         stream
             .write_all(&machine.take_output())
             .map_err(|e| format!("write failed: {e}"))?;
@@ -72,15 +91,18 @@ fn handshake(stream: &mut Stream, exports: &Exports) -> Result<Option<Negotiated
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(format!("no progress for {HANDSHAKE_TIMEOUT:?}"))
+                return Err(late())
             }
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(format!("read failed: {err}")),
         };
-        match machine
-            .receive(&buf[..got], exports)
-            .map_err(|e| e.to_string())?
-        {
+        let progress = machine.receive(&buf[..got], exports).map_err(|e| {
+            // A refusal sent before closing (an oversize option's
+            // ERR_TOO_BIG) reaches the client if it still reads.
+            let _ = stream.write_all(&machine.take_output());
+            e.to_string()
+        })?;
+        match progress {
             Progress::NeedMore => {}
             Progress::Done(negotiated) => {
                 stream
@@ -344,6 +366,7 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
     };
     let setup = stream
         .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
         .and_then(|()| stream.try_clone());
     let writer_stream = match setup {
         Ok(clone) => clone,
@@ -435,6 +458,12 @@ fn requests<R: Read>(
         let handle = header.handle;
         let command = match weir_nbd::request::validate(&header, session) {
             Verdict::Run(command) => command,
+            Verdict::Disconnect { reason } => {
+                return Err(format!(
+                    "{reason} ({} bytes announced at offset {}): closed without reading it",
+                    header.length, header.offset
+                ))
+            }
             Verdict::Reject {
                 errno,
                 reason,
@@ -586,4 +615,45 @@ fn discard(reader: &mut impl Read, bytes: u32) -> io::Result<()> {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_handshake_that_trickles_is_closed_at_its_deadline() {
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let trickle = std::thread::spawn(move || {
+            // Client flags, then an option header a byte at a time: each
+            // byte comes well within the deadline, the whole never does.
+            let mut bytes = vec![0, 0, 0, 1];
+            bytes.extend_from_slice(&weir_nbd::consts::IHAVEOPT.to_be_bytes());
+            for byte in bytes {
+                if client.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        });
+        let device = Arc::new(crate::device::mem::MemDevice::new(1 << 20));
+        let store = crate::pool::SingleDevice::new(crate::sched::DeviceQueue::new(device));
+        let export = super::super::exports::Export {
+            name: "a".into(),
+            description: String::new(),
+            volume: Arc::new(Volume::new(Arc::new(store), false)),
+        };
+        let exports = Exports::new(vec![export], 1 << 20);
+        let started = Instant::now();
+        let result = handshake_within(
+            &mut Stream::Unix(server),
+            &exports,
+            Duration::from_millis(200),
+        );
+        let err = result.expect_err("a trickling handshake must not finish");
+        assert!(err.contains("not finished within"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{err}");
+        trickle.join().unwrap();
+    }
 }

@@ -33,6 +33,13 @@ impl Stream {
         }
     }
 
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+        }
+    }
+
     pub fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s
