@@ -89,8 +89,12 @@ class Pools(PoolTest):
     def test_bad_layouts_and_devices_are_refused_with_the_reason(self):
         a, b, c = self.file("a.img"), self.file("b.img"), self.file("c.img")
         small = self.file("small.img", size=MIB)
+        used = self.file("used.img")
+        with open(used, "r+b") as f:
+            f.write(b"\x7fELF")
         self.weir("create", "tank", "mirror", a, b)
         cases = [
+            (("create", "other", used), "is in use: it holds data (at byte 0)"),
             (("create", "other", c, a), "belongs to pool \"tank\""),
             (("create", "other", "mirror", c, c), "listed twice"),
             (("create", "other", small), "too small"),
@@ -389,6 +393,34 @@ class Replace(PoolTest):
         tiny = self.weir("replace", "tank", b, small, check=False)
         self.assertNotEqual(tiny.returncode, 0)
         self.assertIn("too small", tiny.stderr)
+
+    def test_a_served_pool_refuses_a_replacement_that_holds_data_or_is_tiny(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "16M")
+        used = self.file("notes.db", 128 * MIB)
+        with open(used, "r+b") as f:
+            f.seek(64 * MIB)
+            f.write(b"someone else's data")
+        tiny = os.path.join(self.dir, "tiny.img")
+        with open(tiny, "wb") as f:
+            f.write(b"thirteen byte")
+        with Weir("--data-dir", self.data) as w:
+            for target, reason in ((used, "is in use: it holds data"), (tiny, "too small")):
+                refused = self.weir("replace", "tank", b, target, check=False)
+                self.assertNotEqual(refused.returncode, 0, target)
+                self.assertIn(reason, refused.stderr, target)
+            # The server answers as before and the pool is untouched.
+            status = self.weir("status", "tank").stdout
+            self.assertIn("state: ONLINE", status)
+            self.assertEqual(self.status_row(status, b)[0], "ONLINE")
+            self.assertEqual(w.stop(), 0)
+            self.assertNotIn("panicked", w.logs())
+        with open(used, "rb") as f:
+            f.seek(64 * MIB)
+            self.assertEqual(f.read(19), b"someone else's data")
+        with open(tiny, "rb") as f:
+            self.assertEqual(f.read(), b"thirteen byte")
 
 
 class Scrub(PoolTest):

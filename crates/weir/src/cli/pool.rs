@@ -50,7 +50,7 @@ pub struct ReplaceArgs {
     old: String,
     /// The new device (may be OLD itself, to rebuild it in place).
     new: String,
-    /// Take a device that carries another pool's label.
+    /// Take a device that carries another pool's label or holds other data.
     #[arg(long)]
     force: bool,
     /// Wait for the resilver to finish (always, without a running server).
@@ -67,7 +67,7 @@ pub struct CreateArgs {
     /// `mirror DEV DEV... [mirror DEV DEV...]`, or `DEV...` for single devices.
     #[arg(required = true, num_args = 1..)]
     layout: Vec<String>,
-    /// Take devices that carry another pool's label.
+    /// Take devices that carry another pool's label or hold other data.
     #[arg(long)]
     force: bool,
     /// Where the pool registry (pools.toml) lives.

@@ -8,13 +8,12 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use super::import::{identity, open_member, random_id};
-use super::label::{choose, Label, LabelError, Layout};
+use super::label::{Label, Layout};
 use super::layout::{check_pool_name, parse_layout};
-use super::members::{read_labels, reserve_metadata, write_labels};
+use super::members::{reserve_metadata, write_labels};
 use super::registry::{RegisteredPool, Registry};
+use super::vacancy::check_free;
 
-/// Smaller devices cannot hold labels, metadata and useful data.
-pub const DEVICE_BYTES_MIN: u64 = 64 << 20;
 const METADATA_BLOCK_BYTES: u32 = 4096;
 
 pub fn create(
@@ -42,23 +41,7 @@ pub fn create(
     let mut devices = Vec::new();
     for text in &texts {
         let device = open_member(text)?;
-        let size = device.info().size_bytes;
-        if size < DEVICE_BYTES_MIN {
-            bail!("{text} is too small: {size} bytes, a pool member needs at least {DEVICE_BYTES_MIN}");
-        }
-        match choose(read_labels(device.as_ref())) {
-            Err(LabelError::NotALabel) => {}
-            _ if force => tracing::warn!(
-                device = text.as_str(),
-                "overwriting an existing label (--force)"
-            ),
-            Ok(found) => bail!(
-                "{text} belongs to pool {:?} (generation {}); use --force to take it",
-                found.label.pool_name,
-                found.label.generation
-            ),
-            Err(err) => bail!("{text} has a damaged weir label ({err}); use --force to take it"),
-        }
+        check_free(text, device.as_ref(), None, force)?;
         devices.push(device);
     }
     let pool_id = random_id()?;

@@ -17,6 +17,7 @@ pub mod registry;
 pub mod scrub;
 pub mod service;
 pub mod status;
+pub mod vacancy;
 pub mod volume_table;
 pub mod volumes;
 

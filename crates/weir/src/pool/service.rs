@@ -10,11 +10,10 @@ use anyhow::{bail, Context};
 use parking_lot::Mutex;
 
 use super::import::{identity, open_member};
-use super::label::{choose, LabelError};
-use super::members::read_labels;
 use super::mirror::select::ReadPolicy;
 use super::mirror::PoolData;
 use super::scrub::{self, Checkpoint, Scrub, ScrubState};
+use super::vacancy::check_free;
 use crate::metrics::{CacheReport, ReadaheadReport, Sample};
 use crate::sched::Mode;
 
@@ -235,17 +234,9 @@ impl PoolService {
             bail!("{new} is already a member of pool {name}");
         }
         let device = open_member(new)?;
-        match choose(read_labels(device.as_ref())) {
-            Err(LabelError::NotALabel) => {}
-            // The member being replaced, or an old member of this pool.
-            Ok(found) if found.label.pool_id == pool.pool_id() => {}
-            _ if force => tracing::warn!(device = new, "overwriting an existing label (--force)"),
-            Ok(found) => bail!(
-                "{new} belongs to pool {:?}; use --force to take it",
-                found.label.pool_name
-            ),
-            Err(err) => bail!("{new} has a damaged weir label ({err}); use --force to take it"),
-        }
+        // The member being replaced, or an old member of this pool, may
+        // come back.
+        check_free(new, device.as_ref(), Some(pool.pool_id()), force)?;
         pool.replace(
             group,
             member,
