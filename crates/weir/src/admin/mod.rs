@@ -50,6 +50,13 @@ impl AdminEndpoint {
         data_dir: &Path,
         service: Arc<PoolService>,
     ) -> anyhow::Result<AdminEndpoint> {
+        // Its calls change pools and are not authenticated: anyone who can
+        // reach it owns every volume.
+        if !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "the admin endpoint listens on loopback addresses only (127.0.0.1, ::1), not {addr}: its calls are not authenticated"
+            );
+        }
         let listener = TcpListener::bind(addr)
             .with_context(|| format!("cannot listen on {addr} for the admin endpoint"))?;
         let addr = listener.local_addr()?;
