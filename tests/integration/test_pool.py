@@ -2,6 +2,7 @@
 around them (another pool's device, a device listed twice or too small, a
 damaged label copy, a missing member)."""
 
+import http.client
 import json
 import os
 import subprocess
@@ -421,6 +422,30 @@ class Replace(PoolTest):
             self.assertEqual(f.read(19), b"someone else's data")
         with open(tiny, "rb") as f:
             self.assertEqual(f.read(), b"thirteen byte")
+
+
+    def test_the_admin_endpoint_refuses_web_pages_other_hosts_and_remote_addresses(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        with Weir("--data-dir", self.data) as w:
+            host, port = self.admin_addr().rsplit(":", 1)
+            for headers in ({"Origin": "https://example.com"}, {"Host": f"attacker.example:{port}"}):
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+                conn.request("POST", "/v1/sched?pool=tank&mode=fifo", headers=headers)
+                answer = conn.getresponse()
+                self.assertEqual(answer.status, 403, headers)
+                conn.close()
+            with open(os.path.join(self.data, "pools.toml")) as f:
+                self.assertNotIn("fifo", f.read())
+            # The CLI's own calls go through.
+            self.assertIn("fifo", self.weir("sched", "tank", "fifo").stdout)
+            self.assertEqual(w.stop(), 0)
+        other = os.path.join(self.dir, "other-data")
+        refused = subprocess.run([WEIR, "serve", "--listen", "none", "--socket", os.path.join(self.dir, "s.sock"),
+                                  "--data-dir", other, "--admin", "0.0.0.0:0"],
+                                 capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("loopback addresses only", refused.stderr)
 
 
 class Scrub(PoolTest):
