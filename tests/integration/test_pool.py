@@ -334,6 +334,31 @@ class Import(PoolTest):
         self.assertIn("belongs to pool", mixed.stderr)
 
 
+    def test_a_served_member_is_refused_by_a_second_server_import_and_create(self):
+        a, b, c = (self.file(n) for n in ("a.img", "b.img", "c.img"))
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "16M")
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        with Weir("--data-dir", self.data) as w:
+            server_pid = str(w.proc.pid)
+            attempts = {
+                "import": [WEIR, "pool", "import", a, b, "--data-dir", elsewhere],
+                "create": [WEIR, "pool", "create", "other", "mirror", a, c, "--force", "--data-dir", elsewhere],
+                "serve": [WEIR, "serve", "--listen", "none", "--socket", os.path.join(self.dir, "second.sock"),
+                          "--admin", "none", "--data-dir", elsewhere, "--export", f"x={b}"],
+            }
+            for what, cmd in attempts.items():
+                refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(refused.returncode, 0, what)
+                self.assertIn("is in use by process " + server_pid, refused.stderr, what)
+            # The pool served on is whole and still answers.
+            self.assertIn("state: ONLINE", self.weir("status", "tank").stdout)
+            self.assertEqual(w.stop(), 0)
+        # Once the server is gone the devices are free again.
+        out = run(WEIR, "pool", "import", a, b, "--data-dir", elsewhere).stdout
+        self.assertIn("state: ONLINE", out)
+
+
 class Replace(PoolTest):
     def test_a_vanished_member_is_faulted_writes_go_on_and_a_replacement_is_resilvered(self):
         a, b, c = (self.file(n, 512 * MIB) for n in ("a.img", "b.img", "c.img"))

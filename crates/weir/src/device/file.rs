@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use super::ownership::Ownership;
 use super::threads::ThreadEngine;
 use super::uring::UringEngine;
 use super::{push_extent, Completion, Device, DeviceInfo, DeviceOp, Extent, IoEngine};
@@ -27,6 +28,9 @@ pub struct FileDevice {
     engine: Engine,
     file: File,
     info: DeviceInfo,
+    /// Held for as long as the device is open: no other process opens it
+    /// meanwhile.
+    _ownership: Ownership,
 }
 
 impl FileDevice {
@@ -55,6 +59,7 @@ impl FileDevice {
                 "not a regular file or block device",
             ));
         }
+        let ownership = Ownership::take(path, &file, !read_only)?;
         let fd = file.as_raw_fd();
         let (raw_size, align, rotational) = if is_block {
             (
@@ -96,7 +101,12 @@ impl FileDevice {
             rotational,
             description,
         };
-        Ok(FileDevice { engine, file, info })
+        Ok(FileDevice {
+            engine,
+            file,
+            info,
+            _ownership: ownership,
+        })
     }
 }
 

@@ -15,6 +15,7 @@ mod fd_ops;
 pub mod file;
 pub mod mem;
 pub mod model;
+pub mod ownership;
 pub mod spec;
 mod threads;
 mod uring;

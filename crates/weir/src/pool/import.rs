@@ -116,10 +116,21 @@ pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
     for text in texts {
         match open_member(text) {
             Ok(device) => opened.push((text.clone(), device)),
+            // Another server owns it: importing without it would serve the
+            // pool degraded beside that server and let the copies diverge.
+            Err(err) if in_use(&err) => return Err(err),
             Err(err) => tracing::warn!(device = text.as_str(), "skipping: {err:#}"),
         }
     }
     import_devices(texts, opened, repair)
+}
+
+fn in_use(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::WouldBlock)
+    })
 }
 
 /// `import` on devices already open; `texts` is the registered list, in
