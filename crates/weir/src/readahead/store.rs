@@ -403,6 +403,7 @@ impl ReadaheadStore {
             });
             let end = offset + length;
             let answered = if state.take_from_segments(offset, &mut buf) {
+                state.streams.held_read(stream);
                 Ok(buf)
             } else if let Some(fetch) = state
                 .fetches

@@ -79,6 +79,11 @@ const ESTABLISHED_READS: u64 = 16;
 /// then, and a window planned then only puts a copy between its queue and
 /// the device.
 const DEEP_CLIENT_READS: u64 = 64;
+// Reads answered from data already held do not count toward those: each
+// is answered before the next request of a batch is read, so a deep
+// client looks like a QD1 one while it reads through held data (a 1 MiB
+// QD8 reader passing another reader's read-ahead planned windows doubling
+// from 4 to 129 MiB within a millisecond, then waited behind them).
 /// A settled window is tried larger again after this long: the streams
 /// and the device's other work change, and a window settled on rates
 /// that no longer hold (readers gone, or readers that found their data
@@ -515,6 +520,16 @@ impl Streams {
     pub fn rewind(&mut self, stream: u64, start: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
             s.ahead_end = s.ahead_end.min(start).max(s.frontier);
+        }
+    }
+
+    /// The read `on_read` just gave `stream` is answered from data held:
+    /// it says nothing about how many reads its client keeps in flight.
+    pub fn held_read(&mut self, stream: u64) {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
+            if s.deep_until_reads >= s.reads {
+                s.deep_until_reads += 1;
+            }
         }
     }
 
@@ -969,6 +984,33 @@ mod tests {
         let planned = (i..i + DEEP_CLIENT_READS + 2)
             .any(|j| read(&mut streams, j * length, length).is_some());
         assert!(planned);
+    }
+
+    #[test]
+    fn a_batching_client_reading_through_held_data_gets_no_windows() {
+        let mut streams = Streams::default();
+        let length = 1 << 20;
+        let mut i = 0;
+        // One batch the device answers: the stream is seen deep.
+        let batch: Vec<u64> = (0..8)
+            .map(|_| {
+                let (stream, _) = streams.on_read(i * length, length, MAX, 4096, SIZE, i);
+                i += 1;
+                stream
+            })
+            .collect();
+        for stream in batch {
+            streams.answered(stream);
+        }
+        // Then data already held: each read is answered before the next
+        // request of the batch is read, so one is in flight at a time.
+        for _ in 0..4 * DEEP_CLIENT_READS {
+            let (stream, plan) = streams.on_read(i * length, length, MAX, 4096, SIZE, i);
+            assert_eq!(plan, None, "read {i} planned a window");
+            streams.held_read(stream);
+            streams.answered(stream);
+            i += 1;
+        }
     }
 
     #[test]
