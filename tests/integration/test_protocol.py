@@ -267,6 +267,40 @@ class MalformedInput(RawClient, unittest.TestCase):
             self.assertEqual(weir.stop(), 0)
             self.assertNotIn("panicked", weir.logs())
 
+    def test_one_address_cannot_take_every_connection_slot(self):
+        with Weir("--export", "vol=mem:16M", tcp=True) as weir:
+            host, port = weir.tcp_addr.rsplit(":", 1)
+            flood = []
+            try:
+                # 300 idle connections from 127.0.0.2: the first 256 are
+                # served (greeted), the rest closed at once.
+                for _ in range(300):
+                    s = socket.socket()
+                    s.bind(("127.0.0.2", 0))
+                    s.connect((host, int(port)))
+                    flood.append(s)
+                greeted = refused = 0
+                for s in flood:
+                    s.settimeout(10)
+                    try:
+                        got = s.recv(18)
+                    except ConnectionResetError:
+                        got = b""
+                    if got.startswith(b"NBDMAGIC"):
+                        greeted += 1
+                    else:
+                        refused += 1
+                self.assertEqual((greeted, refused), (256, 44))
+                # Another address is served as before, over TCP and the socket.
+                h = connect(weir.tcp_uri("vol"))
+                h.pwrite(b"x" * 4096, 0)
+                self.assertEqual(bytes(connect(weir.uri("vol")).pread(4096, 0)), b"x" * 4096)
+                h.shutdown()
+            finally:
+                for s in flood:
+                    s.close()
+            self.assertIn("already open from 127.0.0.2", weir.logs())
+
     def test_bad_input_never_hurts_other_clients(self):
         with Weir("--export", "vol=mem:16M") as weir:
             good = connect(weir.uri("vol"))

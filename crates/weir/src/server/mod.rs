@@ -18,7 +18,7 @@ mod stream;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -36,6 +36,12 @@ use stream::Stream;
 const ACCEPT_POLL: Duration = Duration::from_millis(200);
 /// Connections served at once; more are accepted and closed with a log line.
 const CONNECTIONS_MAX: usize = 1024;
+/// Connections from one TCP address at once: a quarter of the slots, so
+/// that one host (idle or hostile) cannot take them all. Idle NBD
+/// connections are legitimate and cheap (kernel clients keep theirs for
+/// days), so they are bounded, not cut; multi-conn clients open a handful
+/// each (nbdcopy 4, qemu up to 16).
+const CONNECTIONS_PER_ADDRESS_MAX: usize = CONNECTIONS_MAX / 4;
 
 pub struct Listeners {
     tcp: Vec<TcpListener>,
@@ -89,6 +95,8 @@ impl Listeners {
 #[derive(Default)]
 struct Registry {
     live: Mutex<HashMap<u64, Stream>>,
+    /// Connections per TCP peer address; taken inside `live`'s lock.
+    per_address: Mutex<HashMap<IpAddr, usize>>,
     emptied: Condvar,
 }
 
@@ -223,6 +231,7 @@ fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Export
         Ok(handle) => handle,
         Err(err) => return tracing::warn!(error = %err, "cannot set up accepted connection"),
     };
+    let address = stream.peer_ip();
     {
         let mut live = registry.live.lock();
         if live.len() >= CONNECTIONS_MAX {
@@ -231,6 +240,18 @@ fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Export
                 "refusing connection: {CONNECTIONS_MAX} already open"
             );
             return;
+        }
+        if let Some(ip) = address {
+            let mut per_address = registry.per_address.lock();
+            let count = per_address.entry(ip).or_insert(0);
+            if *count >= CONNECTIONS_PER_ADDRESS_MAX {
+                tracing::warn!(
+                    peer = stream.peer(),
+                    "refusing connection: {CONNECTIONS_PER_ADDRESS_MAX} already open from {ip}"
+                );
+                return;
+            }
+            *count += 1;
         }
         live.insert(id, handle);
     }
@@ -242,6 +263,15 @@ fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Export
             connection::serve(stream, exports);
             let mut live = registry.live.lock();
             live.remove(&id);
+            if let Some(ip) = address {
+                let mut per_address = registry.per_address.lock();
+                if let Some(count) = per_address.get_mut(&ip) {
+                    *count -= 1;
+                    if *count == 0 {
+                        per_address.remove(&ip);
+                    }
+                }
+            }
             registry.emptied.notify_all();
         });
     if let Err(err) = spawned {

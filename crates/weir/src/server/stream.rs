@@ -40,6 +40,14 @@ impl Stream {
         }
     }
 
+    /// The peer's IP address, for a TCP connection.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip()),
+            Stream::Unix(_) => None,
+        }
+    }
+
     pub fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s
