@@ -52,7 +52,6 @@ impl Request {
         let port = bound.port().to_string();
         let (name, host_port) = host.rsplit_once(':').unwrap_or((host, ""));
         let local = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
-            || name == bound.ip().to_string()
             || name.trim_start_matches('[').trim_end_matches(']') == bound.ip().to_string();
         if local && host_port == port {
             None
