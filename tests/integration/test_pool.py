@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -462,6 +463,12 @@ class Replace(PoolTest):
                 conn.close()
             with open(os.path.join(self.data, "pools.toml")) as f:
                 self.assertNotIn("fifo", f.read())
+            # Bytes that are not HTTP get 400 or a closed connection, never a dead endpoint.
+            for raw in (b"GARBAGE\r\n\r\n", b"\x00\xff" * 100 + b"\r\n\r\n"):
+                with socket.create_connection((host, int(port)), timeout=10) as s:
+                    s.sendall(raw)
+                    answer = s.recv(200)
+                    self.assertTrue(answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer)
             # The CLI's own calls go through.
             self.assertIn("fifo", self.weir("sched", "tank", "fifo").stdout)
             self.assertEqual(w.stop(), 0)
