@@ -419,7 +419,6 @@ impl Adaptive {
     /// What the floors need to know of this device.
     fn floor_device(&self, interactive_active: u32) -> floor::Device {
         floor::Device {
-            interactive_waiting: interactive_active > 0,
             interactive_active,
             rotational: self.rotational,
             background_io: self.background_io_cost(),

@@ -64,8 +64,6 @@ pub(super) struct Device {
     /// How much longer than its clean latency an interactive I/O may take
     /// (ns).
     pub slack: Option<f64>,
-    /// Interactive I/O is in the device: a run sent now goes ahead of it.
-    pub interactive_waiting: bool,
     /// How many interactive I/Os are in the device.
     pub interactive_active: u32,
     /// The device moves a head and serves one I/O at a time.
@@ -284,7 +282,7 @@ impl Floors {
             if floor.run_left > 0 {
                 return Some(class);
             }
-            let serial_wait = device.rotational && device.interactive_waiting;
+            let serial_wait = device.rotational && device.interactive_active > 0;
             // On a disk with reads waiting, the class keeps a few I/Os in
             // the drive while its floor is owed, which the drive serves
             // when their place is the cheapest to reach (as zfs keeps a
