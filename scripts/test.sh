@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 need_packages=()
 for pair in nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:libnbd-bin fio:fio nbdkit:nbdkit \
-            qemu-img:qemu-utils qemu-io:qemu-utils fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount; do
+            qemu-img:qemu-utils qemu-io:qemu-utils fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount \
+            openssl:openssl; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_packages+=("${pair#*:}")
 done
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_packages+=(python3-libnbd)
@@ -42,5 +43,5 @@ echo "== integration tests (real clients against $WEIR_BIN)"
 cd tests/integration
 # libnbd's python module lives in Debian's python, not in pyenv's.
 PYENV_VERSION=system /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
-  test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readahead test_readme
+  test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readahead test_readme test_tls
 echo "== all tests passed"

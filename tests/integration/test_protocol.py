@@ -17,7 +17,7 @@ import unittest
 import nbd
 
 import modelcheck
-from weirtest import WEIR, Weir, raw_connection, recv_exact, run, sparse_file
+from weirtest import WEIR, Weir, raw_connection, read_until_closed, recv_exact, run, sparse_file
 
 MIB = 1 << 20
 NBDMAGIC = 0x4E42444D41474943
@@ -194,13 +194,7 @@ class RawClient:
         sock.sendall(struct.pack(">I", client_flags))
 
     def assert_closed(self, sock):
-        sock.settimeout(10)
-        try:
-            while sock.recv(4096):
-                pass
-        except ConnectionResetError:
-            pass
-        sock.close()
+        read_until_closed(sock)
 
     def option_reply(self, sock):
         magic, option, kind, length = struct.unpack(">QIII", recv_exact(sock, 20))

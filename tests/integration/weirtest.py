@@ -102,6 +102,17 @@ def recv_exact(sock, count):
     return data
 
 
+def read_until_closed(sock):
+    """Read and drop whatever comes until the server closes the socket."""
+    sock.settimeout(10)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    sock.close()
+
+
 def sparse_file(path, size):
     with open(path, "wb") as f:
         f.truncate(size)

@@ -5,9 +5,18 @@
 //!     │  receive(bytes) ... take_output() ... receive(bytes) ...
 //!     ▼
 //!   client flags (4 bytes) ──> options loop ──┬─> Done(Negotiated)   GO / EXPORT_NAME
+//!                        ▲                    ├─> StartTls           STARTTLS acknowledged
+//!                        └── tls_started() ───┘
 //!                                             ├─> Aborted            ABORT
 //!                                             └─> Err(HandshakeError) disconnect, log why
 //! ```
+//!
+//! TLS follows the spec's two server modes: with [`TlsMode::Require`]
+//! (FORCEDTLS) every option before STARTTLS but ABORT is refused with
+//! `NBD_REP_ERR_TLS_REQD`; with [`TlsMode::On`] (SELECTIVETLS) only exports
+//! the catalog marks [`Access::TlsRequired`] are. Once TLS starts, options
+//! negotiated in plaintext are forgotten: a man in the middle could have
+//! sent them.
 //!
 //! The machine never blocks and never reads a clock: the driver feeds it
 //! whatever bytes arrived and writes out whatever it produced. Option
@@ -33,6 +42,16 @@ pub struct BlockSize {
     pub maximum: u32,
 }
 
+/// Whether this client may use an export, as the server's policy decides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Access {
+    Granted,
+    /// Only over TLS, and this connection has not started it.
+    TlsRequired,
+    /// Never for this client; the reason is sent with `NBD_REP_ERR_POLICY`.
+    Refused(String),
+}
+
 /// What the server says about one export.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportDetails {
@@ -42,13 +61,27 @@ pub struct ExportDetails {
     pub size_bytes: u64,
     pub transmission_flags: u16,
     pub block_size: BlockSize,
+    pub access: Access,
+}
+
+/// What the server offers for NBD_OPT_STARTTLS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TlsMode {
+    /// STARTTLS is refused with `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS is offered; exports the catalog marks TLS-only require it.
+    On,
+    /// Nothing but STARTTLS and ABORT is answered before TLS starts.
+    Require,
 }
 
 /// The server's exports, as the handshake sees them.
 pub trait ExportCatalog {
     /// Look an export up by the name the client sent ("" is the default).
     fn export(&self, name: &str) -> Option<ExportDetails>;
-    /// `(name, description)` of every export, for `NBD_OPT_LIST`.
+    /// `(name, description)` of every export, for `NBD_OPT_LIST` (the
+    /// handshake leaves out those this client may not use).
     fn list(&self) -> Vec<(String, String)>;
 }
 
@@ -69,6 +102,9 @@ pub enum Progress {
     Done(Negotiated),
     /// The client sent `NBD_OPT_ABORT`; flush output, then close.
     Aborted,
+    /// STARTTLS was acknowledged: flush output, run the TLS handshake,
+    /// call [`Handshake::tls_started`], and go on feeding what TLS decrypts.
+    StartTls,
 }
 
 /// Reasons to hard-disconnect during the handshake.
@@ -88,6 +124,12 @@ pub enum HandshakeError {
     },
     TooManyOptions,
     AlreadyFinished,
+    /// NBD_OPT_EXPORT_NAME (which cannot be refused with a reply) for an
+    /// export this client may not use, or before TLS where TLS is required.
+    ExportNameRefused(String),
+    /// Bytes after STARTTLS that came before the TLS handshake: a client
+    /// waits for the reply, so these were injected in plaintext.
+    DataAfterStartTls(usize),
 }
 
 impl std::fmt::Display for HandshakeError {
@@ -109,6 +151,12 @@ impl std::fmt::Display for HandshakeError {
             ),
             HandshakeError::TooManyOptions => write!(f, "more than {OPTIONS_MAX} options"),
             HandshakeError::AlreadyFinished => write!(f, "input after the handshake finished"),
+            HandshakeError::ExportNameRefused(why) => {
+                write!(f, "NBD_OPT_EXPORT_NAME refused: {why}")
+            }
+            HandshakeError::DataAfterStartTls(bytes) => {
+                write!(f, "{bytes} plaintext bytes after NBD_OPT_STARTTLS")
+            }
         }
     }
 }
@@ -138,6 +186,10 @@ pub struct Handshake {
     structured_replies: bool,
     meta: MetaSelection,
     options_seen: u32,
+    tls_mode: TlsMode,
+    tls_active: bool,
+    /// Why exports were refused to this client, for the server's log.
+    refusals: Vec<String>,
 }
 
 impl Default for Handshake {
@@ -147,8 +199,13 @@ impl Default for Handshake {
 }
 
 impl Handshake {
-    /// Start a handshake; the greeting is already queued in the output.
+    /// Start a handshake without TLS; the greeting is already queued.
     pub fn new() -> Self {
+        Self::with_tls(TlsMode::Off)
+    }
+
+    /// Start a handshake offering TLS as `tls_mode` says.
+    pub fn with_tls(tls_mode: TlsMode) -> Self {
         let mut output = Vec::with_capacity(256);
         put_u64(&mut output, NBDMAGIC);
         put_u64(&mut output, IHAVEOPT);
@@ -161,7 +218,27 @@ impl Handshake {
             structured_replies: false,
             meta: MetaSelection::default(),
             options_seen: 0,
+            tls_mode,
+            tls_active: false,
+            refusals: Vec::new(),
         }
+    }
+
+    /// The TLS handshake that followed [`Progress::StartTls`] succeeded:
+    /// what was negotiated in plaintext is forgotten.
+    pub fn tls_started(&mut self) {
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.meta = MetaSelection::default();
+    }
+
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// Refusals sent since the last call (export and reason), to log.
+    pub fn take_refusals(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// Bytes to send to the client now.
@@ -232,13 +309,18 @@ impl Handshake {
                             negotiated.leftover = self.input[consumed..].to_vec();
                             break Ok(Progress::Done(negotiated));
                         }
+                        Ok(Progress::StartTls) if consumed < self.input.len() => {
+                            break Err(HandshakeError::DataAfterStartTls(
+                                self.input.len() - consumed,
+                            ));
+                        }
                         other => break other,
                     }
                 }
             }
         };
         self.input.drain(..consumed.min(self.input.len()));
-        if !matches!(progress, Ok(Progress::NeedMore)) {
+        if !matches!(progress, Ok(Progress::NeedMore | Progress::StartTls)) {
             self.state = State::Finished;
             self.input.clear();
         }
@@ -251,6 +333,24 @@ impl Handshake {
         data: &[u8],
         catalog: &dyn ExportCatalog,
     ) -> Result<Progress, HandshakeError> {
+        if self.tls_mode == TlsMode::Require && !self.tls_active {
+            match option {
+                OPT_STARTTLS | OPT_ABORT => {}
+                OPT_EXPORT_NAME => {
+                    return Err(HandshakeError::ExportNameRefused(
+                        "this server requires TLS".into(),
+                    ))
+                }
+                _ => {
+                    if matches!(option, OPT_INFO | OPT_GO) {
+                        self.refusals
+                            .push("an export before TLS: TLS is required".into());
+                    }
+                    self.reply_error(option, REP_ERR_TLS_REQD, "this server requires TLS");
+                    return Ok(Progress::NeedMore);
+                }
+            }
+        }
         match option {
             OPT_EXPORT_NAME => self.export_name(data, catalog),
             OPT_ABORT => {
@@ -259,7 +359,19 @@ impl Handshake {
             }
             OPT_LIST => {
                 if data.is_empty() {
-                    for (name, description) in catalog.list() {
+                    // Exports this client may not use now are left out,
+                    // as the spec allows for TLS-only ones before TLS.
+                    let usable = |name: &str| {
+                        catalog
+                            .export(name)
+                            .is_some_and(|export| self.refusal(&export).is_none())
+                    };
+                    let listed: Vec<_> = catalog
+                        .list()
+                        .into_iter()
+                        .filter(|(name, _)| usable(name))
+                        .collect();
+                    for (name, description) in listed {
                         let mut payload = Vec::with_capacity(4 + name.len() + description.len());
                         put_u32(&mut payload, name.len() as u32);
                         payload.extend_from_slice(name.as_bytes());
@@ -290,14 +402,66 @@ impl Handshake {
                 self.meta_context(option, data, catalog);
                 Ok(Progress::NeedMore)
             }
-            OPT_STARTTLS => {
-                self.reply_error(option, REP_ERR_UNSUP, "TLS is not supported by this server");
-                Ok(Progress::NeedMore)
-            }
+            OPT_STARTTLS => Ok(self.start_tls(data)),
             _ => {
                 self.reply_error(option, REP_ERR_UNSUP, "unknown option");
                 Ok(Progress::NeedMore)
             }
+        }
+    }
+
+    fn start_tls(&mut self, data: &[u8]) -> Progress {
+        if self.tls_mode == TlsMode::Off {
+            self.reply_error(
+                OPT_STARTTLS,
+                REP_ERR_UNSUP,
+                "TLS is not enabled on this server",
+            );
+        } else if self.tls_active {
+            self.reply_error(OPT_STARTTLS, REP_ERR_INVALID, "TLS is already active");
+        } else if !data.is_empty() {
+            self.reply_error(
+                OPT_STARTTLS,
+                REP_ERR_INVALID,
+                "NBD_OPT_STARTTLS takes no data",
+            );
+        } else {
+            self.reply(OPT_STARTTLS, REP_ACK, &[]);
+            return Progress::StartTls;
+        }
+        Progress::NeedMore
+    }
+
+    /// The export, if this client may use it now; else the refusal is
+    /// queued for `option` and None returned.
+    fn usable_export(
+        &mut self,
+        option: u32,
+        name: &str,
+        catalog: &dyn ExportCatalog,
+    ) -> Option<ExportDetails> {
+        let Some(export) = catalog.export(name) else {
+            self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
+            return None;
+        };
+        match self.refusal(&export) {
+            None => Some(export),
+            Some((kind, why)) => {
+                self.refusals
+                    .push(format!("export {:?}: {why}", export.name));
+                self.reply_error(option, kind, &why);
+                None
+            }
+        }
+    }
+
+    /// Why this client may not use `export` now, as an error reply kind.
+    fn refusal(&self, export: &ExportDetails) -> Option<(u32, String)> {
+        match &export.access {
+            Access::Granted => None,
+            Access::TlsRequired if self.tls_active => None,
+            Access::TlsRequired => Some((REP_ERR_TLS_REQD, "this export requires TLS".into())),
+            Access::Refused(why) => Some((REP_ERR_POLICY, why.clone())),
         }
     }
 
@@ -310,6 +474,11 @@ impl Handshake {
         let Some(export) = catalog.export(&name) else {
             return Err(HandshakeError::UnknownExport(name));
         };
+        if let Some((_, why)) = self.refusal(&export) {
+            return Err(HandshakeError::ExportNameRefused(format!(
+                "{name:?}: {why}"
+            )));
+        }
         put_u64(&mut self.output, export.size_bytes);
         put_u16(&mut self.output, export.transmission_flags);
         if !self.no_zeroes {
@@ -349,8 +518,7 @@ impl Handshake {
             self.reply_error(option, REP_ERR_INVALID, "export name is not UTF-8");
             return Progress::NeedMore;
         };
-        let Some(export) = catalog.export(name) else {
-            self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
+        let Some(export) = self.usable_export(option, name, catalog) else {
             return Progress::NeedMore;
         };
         for request in requests {
@@ -416,11 +584,11 @@ impl Handshake {
             self.reply_error(option, REP_ERR_INVALID, "string longer than 4096 bytes");
             return;
         }
-        let Some(export) = std::str::from_utf8(name)
-            .ok()
-            .and_then(|name| catalog.export(name))
-        else {
-            self.reply_error(option, REP_ERR_UNKNOWN, "no such export");
+        let Ok(name) = std::str::from_utf8(name) else {
+            self.reply_error(option, REP_ERR_INVALID, "export name is not UTF-8");
+            return;
+        };
+        let Some(export) = self.usable_export(option, name, catalog) else {
             return;
         };
         let matches = |query: &[u8]| {
@@ -464,3 +632,5 @@ impl Handshake {
 mod fuzz;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

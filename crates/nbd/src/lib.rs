@@ -18,6 +18,7 @@ mod wire;
 
 pub use errno::Errno;
 pub use handshake::{
-    BlockSize, ExportCatalog, ExportDetails, Handshake, HandshakeError, Negotiated, Progress,
+    Access, BlockSize, ExportCatalog, ExportDetails, Handshake, HandshakeError, Negotiated,
+    Progress, TlsMode,
 };
 pub use request::{BadRequestMagic, Command, RequestHeader, Session, Verdict};

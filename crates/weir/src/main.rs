@@ -10,12 +10,14 @@ use clap::Parser;
 use weir::admin::AdminEndpoint;
 use weir::cache::{CacheMode, CachedStore, DirtyBudget, Flusher};
 use weir::cli::{Cli, Command};
-use weir::config::{ServeArgs, ServeConfig};
+use weir::config::{ServeArgs, ServeConfig, TlsSetting};
 use weir::device;
 use weir::pool::service::PoolService;
 use weir::pool::{SingleDevice, Store};
 use weir::readahead::{ReadaheadBudget, ReadaheadMode, ReadaheadStore};
 use weir::sched::{DeviceQueue, Mode};
+use weir::server::access::Policy;
+use weir::server::tls::Tls;
 use weir::server::{self, Export, Exports, Listeners};
 use weir::volume::Volume;
 
@@ -150,13 +152,13 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             &spec.name,
             &spec.description,
             volume,
-            spec.read_only,
+            spec.policy.clone(),
         ));
     }
     for (name, store) in pool_volumes {
         let store = cached(&name, store, false);
         let volume = Volume::new(read_ahead(&name, store), false);
-        exports.push(export(&name, "", volume, false));
+        exports.push(export(&name, "", volume, config.volume_policy(&name)));
     }
     for (name, readahead) in &readaheads {
         service.add_readahead(
@@ -171,7 +173,21 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     let first_export = exports[0].name.clone();
-    let exports = Arc::new(Exports::new(exports, config.max_block_bytes));
+    let mut exports = Exports::new(exports, config.max_block_bytes);
+    if config.tls.setting != TlsSetting::Off {
+        let tls = &config.tls;
+        exports = exports.with_tls(
+            Tls::load(tls.setting.mode(), &tls.certificates, tls.verify_peer)
+                .context("cannot set up TLS")?,
+        );
+        tracing::info!(
+            certificates = %tls.certificates.display(),
+            verify_peer = tls.verify_peer,
+            "TLS {:?}",
+            tls.setting
+        );
+    }
+    let exports = Arc::new(exports);
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -198,11 +214,11 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     served
 }
 
-fn export(name: &str, description: &str, volume: Volume, read_only: bool) -> Export {
+fn export(name: &str, description: &str, volume: Volume, policy: Policy) -> Export {
     tracing::info!(
         export = name,
         size_bytes = volume.size_bytes(),
-        read_only,
+        read_only = volume.caps().read_only,
         "exporting {}",
         volume.description()
     );
@@ -210,6 +226,7 @@ fn export(name: &str, description: &str, volume: Volume, read_only: bool) -> Exp
         name: name.into(),
         description: description.into(),
         volume: Arc::new(volume),
+        policy,
     }
 }
 

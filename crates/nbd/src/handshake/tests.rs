@@ -13,6 +13,7 @@ fn details(name: &str, size_bytes: u64) -> ExportDetails {
             preferred: 4096,
             maximum: 32 << 20,
         },
+        access: Access::Granted,
     }
 }
 

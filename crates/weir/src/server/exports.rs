@@ -1,21 +1,26 @@
-//! The server's exports, and what each advertises to clients.
+//! The server's exports, what each advertises to clients, and the TLS
+//! they are offered over.
 
 use std::sync::Arc;
 
 use weir_nbd::consts::*;
-use weir_nbd::{BlockSize, ExportCatalog, ExportDetails};
+use weir_nbd::{Access, BlockSize, ExportCatalog, ExportDetails};
 
+use super::access::{Client, Policy};
+use super::tls::Tls;
 use crate::volume::Volume;
 
 pub struct Export {
     pub name: String,
     pub description: String,
     pub volume: Arc<Volume>,
+    pub policy: Policy,
 }
 
 pub struct Exports {
     exports: Vec<Export>,
     payload_bytes_max: u32,
+    tls: Option<Tls>,
 }
 
 /// Alignment clients should prefer; smaller requests cost read-modify-write.
@@ -28,7 +33,18 @@ impl Exports {
         Exports {
             exports,
             payload_bytes_max,
+            tls: None,
         }
+    }
+
+    /// Offer TLS (STARTTLS) as `tls` says.
+    pub fn with_tls(mut self, tls: Tls) -> Exports {
+        self.tls = Some(tls);
+        self
+    }
+
+    pub fn tls(&self) -> Option<&Tls> {
+        self.tls.as_ref()
     }
 
     pub fn all(&self) -> &[Export] {
@@ -62,12 +78,16 @@ impl Exports {
         }
         flags
     }
-}
 
-impl ExportCatalog for Exports {
-    fn export(&self, name: &str) -> Option<ExportDetails> {
-        let export = self.find(name)?;
-        Some(ExportDetails {
+    /// `flags` for a client that gets the export read-only.
+    pub fn read_only_flags(flags: u16) -> u16 {
+        let writes = FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_SEND_WRITE_ZEROES | FLAG_SEND_FAST_ZERO;
+        (flags & !writes) | FLAG_READ_ONLY
+    }
+
+    /// What `export` advertises, before any client's access is decided.
+    pub fn details(&self, export: &Export) -> ExportDetails {
+        ExportDetails {
             name: export.name.clone(),
             description: export.description.clone(),
             size_bytes: export.volume.size_bytes(),
@@ -77,11 +97,31 @@ impl ExportCatalog for Exports {
                 preferred: PREFERRED_BLOCK_BYTES,
                 maximum: self.payload_bytes_max,
             },
-        })
+            access: Access::Granted,
+        }
+    }
+}
+
+/// The exports as one client sees them.
+pub struct ClientView<'a> {
+    pub exports: &'a Exports,
+    pub client: &'a Client,
+}
+
+impl ExportCatalog for ClientView<'_> {
+    fn export(&self, name: &str) -> Option<ExportDetails> {
+        let export = self.exports.find(name)?;
+        let mut details = self.exports.details(export);
+        details.access = export.policy.access(self.client);
+        if export.policy.read_only_for(self.client) {
+            details.transmission_flags = Exports::read_only_flags(details.transmission_flags);
+        }
+        Some(details)
     }
 
     fn list(&self) -> Vec<(String, String)> {
         self.exports
+            .all()
             .iter()
             .map(|e| (e.name.clone(), e.description.clone()))
             .collect()

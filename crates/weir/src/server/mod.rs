@@ -8,13 +8,17 @@
 //!   whose clients stopped reading), flush every volume, exit 0.
 //! ```
 
+pub mod access;
 mod budget;
 mod connection;
 pub mod exports;
 mod idle_spin;
 mod outbox;
+mod socket;
 mod spin_trial;
 mod stream;
+pub mod tls;
+mod tls_stream;
 
 use std::collections::HashMap;
 use std::io;
@@ -30,6 +34,7 @@ use anyhow::Context;
 use parking_lot::{Condvar, Mutex};
 
 pub use exports::{Export, Exports};
+use socket::Socket;
 use stream::Stream;
 
 /// How often the accept loop looks at the shutdown flag.
@@ -190,13 +195,13 @@ fn accept_ready(listeners: &Listeners) -> Vec<Stream> {
         while let Ok((stream, _)) = listener.accept() {
             let _ = stream.set_nodelay(true);
             widen_send_buffer(&stream);
-            accepted.push(Stream::Tcp(stream));
+            accepted.push(Stream::Plain(Socket::Tcp(stream)));
         }
     }
     if let Some((listener, _)) = &listeners.unix {
         while let Ok((stream, _)) = listener.accept() {
             widen_send_buffer(&stream);
-            accepted.push(Stream::Unix(stream));
+            accepted.push(Stream::Plain(Socket::Unix(stream)));
         }
     }
     accepted
@@ -223,8 +228,9 @@ fn widen_send_buffer(stream: &impl std::os::fd::AsRawFd) {
 
 fn admit(stream: Stream, id: u64, registry: &Arc<Registry>, exports: &Arc<Exports>) {
     let blocking = match &stream {
-        Stream::Tcp(s) => s.set_nonblocking(false),
-        Stream::Unix(s) => s.set_nonblocking(false),
+        Stream::Plain(Socket::Tcp(s)) => s.set_nonblocking(false),
+        Stream::Plain(Socket::Unix(s)) => s.set_nonblocking(false),
+        Stream::Tls(_) => unreachable!("connections start in plaintext"),
     };
     let handle = blocking.and_then(|()| stream.try_clone());
     let handle = match handle {

@@ -93,6 +93,10 @@ struct Socket {
     partial: Option<(Vec<Reply>, usize)>,
 }
 
+/// Replies the reader seals for TLS at once; larger batches go to the
+/// writer thread, which seals them a step at a time.
+const TLS_SEAL_NOW_BYTES_MAX: usize = 1 << 20;
+
 /// A writer thread with nothing to send for this long ends; a connection
 /// whose reader sends its own replies holds no second thread.
 const WRITER_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -356,7 +360,7 @@ impl Outbox {
             }
             if !blocking && socket.alive {
                 match send_some(&socket.stream, self.structured, &batch) {
-                    Ok((sent, total)) if sent < total => {
+                    Ok((sent, total)) if sent < total || socket.stream.holds_unsent() => {
                         socket.partial = Some((batch, sent));
                         return self.call_writer();
                     }
@@ -437,13 +441,25 @@ fn send(stream: &mut Stream, structured: bool, batch: &[Reply], skip: usize) -> 
     }
     let mut slices = &mut slices[..];
     IoSlice::advance_slices(&mut slices, skip);
-    write_all_vectored(stream, slices)
+    write_all_vectored(stream, slices)?;
+    stream.flush()
 }
 
 /// Send as much of `batch` as the socket takes now, without blocking:
 /// the bytes sent, and the batch's whole length.
 fn send_some(stream: &Stream, structured: bool, batch: &[Reply]) -> io::Result<(usize, usize)> {
     let headers: Vec<Vec<u8>> = batch.iter().map(|r| header(r, structured)).collect();
+    if let Stream::Tls(tls) = stream {
+        let mut slices = Vec::with_capacity(batch.len() * 2);
+        for (reply, header) in batch.iter().zip(&headers) {
+            slices.push(IoSlice::new(header));
+            if let Some(bytes) = payload(reply, structured) {
+                slices.push(IoSlice::new(bytes));
+            }
+        }
+        let total = slices.iter().map(|s| s.len()).sum();
+        return Ok((tls.send_now(&slices, TLS_SEAL_NOW_BYTES_MAX)?, total));
+    }
     let mut iovecs = Vec::with_capacity(batch.len() * 2);
     let mut push = |bytes: &[u8]| {
         iovecs.push(libc::iovec {

@@ -13,6 +13,9 @@
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
 //! readahead = "off"              # on | off, for every volume
+//! tls = "off"                    # off | on | require (see access.rs)
+//! tls_certificates = "./weir-data/tls"
+//! tls_verify_peer = false
 //!
 //! [[export]]
 //! name = "disk"
@@ -21,6 +24,7 @@
 //! description = "scratch disk"
 //! cache = "writethrough"         # this export only
 //! readahead = "off"              # this export only
+//! allow = ["10.0.0.0/8"]         # who may use it (see access.rs)
 //!
 //! [[volume]]
 //! name = "tank/db"               # a pool volume
@@ -34,9 +38,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+mod access;
+pub use access::{TlsConfig, TlsSetting};
+
 use crate::cache::CacheMode;
 use crate::device::{DeviceSpec, IoEngine};
 use crate::readahead::ReadaheadMode;
+use crate::server::access::Policy;
 use crate::units::parse_bytes;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -67,6 +75,9 @@ pub struct FileConfig {
     pub cache: Option<CacheMode>,
     pub cache_dirty_max: Option<Size>,
     pub readahead: Option<ReadaheadMode>,
+    pub tls: Option<TlsSetting>,
+    pub tls_certificates: Option<PathBuf>,
+    pub tls_verify_peer: Option<bool>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
     #[serde(default, rename = "volume")]
@@ -80,6 +91,12 @@ pub struct VolumeConfig {
     pub name: String,
     pub cache: Option<CacheMode>,
     pub readahead: Option<ReadaheadMode>,
+    #[serde(default)]
+    pub tls_only: bool,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub readonly_for: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +124,12 @@ pub struct ExportConfig {
     pub description: Option<String>,
     pub cache: Option<CacheMode>,
     pub readahead: Option<ReadaheadMode>,
+    #[serde(default)]
+    pub tls_only: bool,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub readonly_for: Vec<String>,
 }
 
 /// Flags from the command line; each mirrors a config key.
@@ -121,7 +144,7 @@ pub struct ServeArgs {
     /// Also listen on this Unix socket.
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md).
+    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE...][,readonly-for=RULE...] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md); RULE is an address or network, or cert:NAME (docs/security.md).
     #[arg(short, long, value_name = "NAME=SPEC[,OPTION...]")]
     pub export: Vec<String>,
     /// Where the embedded default volume lives [default: ./weir-data].
@@ -145,7 +168,7 @@ pub struct ServeArgs {
     /// Answer writes from memory until FLUSH or FUA (writeback), or once the devices have them (writethrough), for every volume [default: writeback].
     #[arg(long, value_enum, value_name = "MODE")]
     pub cache: Option<CacheMode>,
-    /// Settings of one pool volume: POOL/VOLUME[,cache=MODE][,readahead=on|off] (repeatable).
+    /// Settings of one pool volume: POOL/VOLUME[,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE...][,readonly-for=RULE...] (repeatable).
     #[arg(long, value_name = "POOL/VOLUME,OPTION...")]
     pub volume: Vec<String>,
     /// Dirty memory all write-back caches may hold together, e.g. 512M [default: about 1 s of the devices' measured write-back rate, at most 1/8 of RAM].
@@ -154,6 +177,15 @@ pub struct ServeArgs {
     /// Read ahead for sequential streams, recognised per volume across connections, for every volume [default: off].
     #[arg(long, value_enum, value_name = "MODE")]
     pub readahead: Option<ReadaheadMode>,
+    /// NBD over TLS (STARTTLS): off; on, for clients that ask and for tls-only exports; or require, for every client [default: off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsSetting>,
+    /// Directory with server-cert.pem, server-key.pem and (for --tls-verify-peer) ca-cert.pem [default: DATA_DIR/tls].
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Require TLS clients to present a certificate signed by ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
 }
 
 /// One export, resolved.
@@ -167,6 +199,7 @@ pub struct ExportSpec {
     pub cache: Option<CacheMode>,
     /// None: the server's default.
     pub readahead: Option<ReadaheadMode>,
+    pub policy: Policy,
 }
 
 /// Everything `weir serve` needs, validated.
@@ -191,6 +224,7 @@ pub struct ServeConfig {
     pub readahead: ReadaheadMode,
     /// None: sized from measurement.
     pub cache_dirty_max_bytes: Option<u64>,
+    pub tls: TlsConfig,
 }
 
 impl ServeConfig {
@@ -259,12 +293,17 @@ impl ServeConfig {
         } else {
             file.volumes
                 .iter()
-                .map(|v| VolumeSettings {
-                    name: v.name.clone(),
-                    cache: v.cache,
-                    readahead: v.readahead,
+                .map(|v| {
+                    let policy = access::policy_from_keys(v.tls_only, &v.allow, &v.readonly_for)
+                        .with_context(|| format!("volume {:?}", v.name))?;
+                    Ok(VolumeSettings {
+                        name: v.name.clone(),
+                        cache: v.cache,
+                        readahead: v.readahead,
+                        policy,
+                    })
                 })
-                .collect()
+                .collect::<anyhow::Result<Vec<_>>>()?
         };
         let cache_dirty_max_bytes = match (&args.cache_dirty_max, file.cache_dirty_max) {
             (Some(text), _) => Some(parse_bytes(text).map_err(anyhow::Error::msg)?),
@@ -275,7 +314,31 @@ impl ServeConfig {
         if cache_dirty_max_bytes.is_some_and(|b| b < CACHE_DIRTY_MIN_BYTES) {
             bail!("cache_dirty_max must be at least 1M");
         }
+        let data_dir = args
+            .data_dir
+            .clone()
+            .or(file.data_dir)
+            .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let tls = TlsConfig {
+            setting: args.tls.or(file.tls).unwrap_or_default(),
+            certificates: args
+                .tls_certificates
+                .clone()
+                .or(file.tls_certificates)
+                .unwrap_or_else(|| data_dir.join("tls")),
+            verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+        };
+        if tls.verify_peer && tls.setting == TlsSetting::Off {
+            bail!("--tls-verify-peer needs TLS: give --tls on or --tls require");
+        }
+        for export in &exports {
+            access::check(&tls, &export.name, &export.policy)?;
+        }
+        for volume in &volume_settings {
+            access::check(&tls, &volume.name, &volume.policy)?;
+        }
         Ok(ServeConfig {
+            tls,
             cache: args.cache.or(file.cache).unwrap_or_default(),
             readahead: args.readahead.or(file.readahead).unwrap_or_default(),
             volume_settings,
@@ -284,11 +347,7 @@ impl ServeConfig {
             shutdown_grace,
             listen,
             socket,
-            data_dir: args
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            data_dir,
             max_block_bytes: max_block as u32,
             io_engine: args.io_engine.or(file.io_engine).unwrap_or_default(),
             log_level: args
@@ -319,6 +378,7 @@ impl ServeConfig {
             description: "weir embedded default volume".into(),
             cache: None,
             readahead: None,
+            policy: Policy::default(),
         })
     }
 
@@ -342,6 +402,13 @@ impl ServeConfig {
             .unwrap_or(self.readahead)
     }
 
+    /// Who may use the pool volume `name`.
+    pub fn volume_policy(&self, name: &str) -> Policy {
+        self.volume(name)
+            .map(|v| v.policy.clone())
+            .unwrap_or_default()
+    }
+
     fn volume(&self, name: &str) -> Option<&VolumeSettings> {
         self.volume_settings.iter().find(|v| v.name == name)
     }
@@ -353,6 +420,7 @@ pub struct VolumeSettings {
     pub name: String,
     pub cache: Option<CacheMode>,
     pub readahead: Option<ReadaheadMode>,
+    pub policy: Policy,
 }
 
 fn parse_readahead_mode(text: &str) -> anyhow::Result<ReadaheadMode> {
@@ -371,9 +439,9 @@ fn parse_cache_mode(text: &str) -> anyhow::Result<CacheMode> {
     }
 }
 
-/// `POOL/VOLUME[,cache=MODE][,readahead=MODE]`
+/// `POOL/VOLUME[,cache=MODE][,readahead=MODE][,ACCESS...]`
 fn parse_volume_flag(text: &str) -> anyhow::Result<VolumeSettings> {
-    const WANT: &str = "want POOL/VOLUME[,cache=MODE][,readahead=on|off]";
+    const WANT: &str = "want POOL/VOLUME[,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE][,readonly-for=RULE]";
     let mut parts = text.split(',');
     let name = parts.next().unwrap_or_default();
     if !name.contains('/') {
@@ -383,8 +451,13 @@ fn parse_volume_flag(text: &str) -> anyhow::Result<VolumeSettings> {
         name: name.to_string(),
         cache: None,
         readahead: None,
+        policy: Policy::default(),
     };
     for option in parts {
+        if let Some(applied) = access::apply_flag_option(&mut settings.policy, option) {
+            applied.map_err(|e| anyhow::anyhow!("--volume {text:?}: {e}"))?;
+            continue;
+        }
         match option.split_once('=') {
             Some(("cache", value)) => {
                 settings.cache =
@@ -396,11 +469,14 @@ fn parse_volume_flag(text: &str) -> anyhow::Result<VolumeSettings> {
                 )
             }
             _ => bail!(
-                "--volume {text:?}: unknown option {option:?} (known: cache=MODE, readahead=on|off)"
+                "--volume {text:?}: unknown option {option:?} (known: cache=MODE, readahead=on|off, tls-only, allow=RULE, readonly-for=RULE)"
             ),
         }
     }
-    if settings.cache.is_none() && settings.readahead.is_none() {
+    if settings.cache.is_none()
+        && settings.readahead.is_none()
+        && settings.policy == Policy::default()
+    {
         bail!("--volume {text:?}: no setting given ({WANT})");
     }
     Ok(settings)
@@ -439,6 +515,7 @@ fn is_export_option(option: &str) -> bool {
     matches!(option, "readonly" | "ro")
         || option.starts_with("cache=")
         || option.starts_with("readahead=")
+        || access::is_flag_option(option)
 }
 
 /// `NAME=SPEC[,readonly][,cache=MODE][,readahead=MODE]`
@@ -469,7 +546,12 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
     let mut read_only = false;
     let mut cache = None;
     let mut readahead = None;
+    let mut policy = Policy::default();
     for option in options {
+        if let Some(applied) = access::apply_flag_option(&mut policy, option) {
+            applied.map_err(|e| anyhow::anyhow!("--export {text:?}: {e}"))?;
+            continue;
+        }
         match option.split_once('=') {
             None if matches!(option, "readonly" | "ro") => read_only = true,
             Some(("cache", mode)) => {
@@ -480,7 +562,7 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
                     Some(parse_readahead_mode(mode).with_context(|| format!("--export {text:?}"))?)
             }
             _ => {
-                bail!("--export {text:?}: unknown option {option:?} (known: readonly, cache=MODE, readahead=on|off)")
+                bail!("--export {text:?}: unknown option {option:?} (known: readonly, cache=MODE, readahead=on|off, tls-only, allow=RULE, readonly-for=RULE)")
             }
         }
     }
@@ -491,6 +573,7 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         read_only,
         cache,
         readahead,
+        policy,
     })
 }
 
@@ -505,6 +588,8 @@ fn export_from_config(export: &ExportConfig) -> anyhow::Result<ExportSpec> {
         description: export.description.clone().unwrap_or_default(),
         cache: export.cache,
         readahead: export.readahead,
+        policy: access::policy_from_keys(export.tls_only, &export.allow, &export.readonly_for)
+            .with_context(|| format!("export {:?}", export.name))?,
     })
 }
 
@@ -582,6 +667,7 @@ mod tests {
                 description: "A".into(),
                 cache: None,
                 readahead: None,
+                policy: Policy::default(),
             }]
         );
     }
