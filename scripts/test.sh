@@ -43,5 +43,5 @@ echo "== integration tests (real clients against $WEIR_BIN)"
 cd tests/integration
 # libnbd's python module lives in Debian's python, not in pyenv's.
 PYENV_VERSION=system /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
-  test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readahead test_readme test_tls
+  test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readahead test_readme test_tls test_limits
 echo "== all tests passed"

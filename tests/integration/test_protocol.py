@@ -335,6 +335,9 @@ class MalformedInput(RawClient, unittest.TestCase):
             self.assertEqual(request(0, 42, 1, 0, 512), errno.EINVAL)
             self.assertEqual(request(1 << 12, 0, 2, 0, 512), errno.EINVAL)
             self.assertEqual(request(0, 1, 4, 16 * MIB, 512, bytes(512)), errno.ENOSPC)
+            # Offsets whose end overflows 64 bits are out of range, not wrapped.
+            self.assertEqual(request(0, 0, 6, 2**64 - 512, 1024), errno.EINVAL)
+            self.assertEqual(request(0, 1, 7, 2**64 - 512, 1024, bytes(1024)), errno.ENOSPC)
             self.assertEqual(request(0, 3, 5, 0, 0), 0)  # flush still works after all that
             s.sendall(b"\xde\xad\xbe\xef" + bytes(24))
             self.assert_closed(s)

@@ -173,7 +173,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     let first_export = exports[0].name.clone();
-    let mut exports = Exports::new(exports, config.max_block_bytes);
+    let mut exports = Exports::new(exports, config.max_block_bytes)
+        .with_in_flight_max(config.max_in_flight_bytes);
     if config.tls.setting != TlsSetting::Off {
         let tls = &config.tls;
         exports = exports.with_tls(
@@ -193,6 +194,12 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("cannot install signal handlers")?;
+    }
+    let open_files = server::raise_open_file_limit();
+    if open_files < 8192 {
+        tracing::warn!(
+            "at most {open_files} open files (ulimit -n): fewer than 1,024 clients may connect"
+        );
     }
     let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
     print_connect_hint(&listeners, &first_export);

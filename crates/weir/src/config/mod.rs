@@ -6,6 +6,7 @@
 //! socket = "/run/weir.sock"
 //! data_dir = "./weir-data"
 //! max_block_size = "32M"
+//! max_in_flight = "2G"           # request bytes in flight, all clients together
 //! io_engine = "auto"             # auto | uring | threads
 //! log_level = "info"
 //! admin = "127.0.0.1:10810"     # "none": no admin endpoint
@@ -59,6 +60,10 @@ pub const DEFAULT_SHUTDOWN_GRACE_SECONDS: u64 = 30;
 const MAX_BLOCK_BYTES_LIMIT: u64 = 128 << 20;
 const MIN_BLOCK_BYTES_LIMIT: u64 = 64 << 10;
 const CACHE_DIRTY_MIN_BYTES: u64 = 1 << 20;
+const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 2 << 30;
+/// One address may hold a quarter of the in-flight bytes, and must fit
+/// the largest request in it.
+const IN_FLIGHT_BLOCKS_MIN: u64 = 4;
 
 /// The config file, as written. Unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
@@ -68,6 +73,7 @@ pub struct FileConfig {
     pub socket: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
     pub max_block_size: Option<Size>,
+    pub max_in_flight: Option<Size>,
     pub io_engine: Option<IoEngine>,
     pub log_level: Option<String>,
     pub admin: Option<String>,
@@ -153,6 +159,9 @@ pub struct ServeArgs {
     /// Largest read or write accepted, e.g. 32M [default: 32M].
     #[arg(long, value_name = "SIZE")]
     pub max_block_size: Option<String>,
+    /// Request and reply bytes in flight on all connections together, at least 4x the largest block; one client address may hold a quarter [default: 1/8 of RAM, at most 2G].
+    #[arg(long, value_name = "SIZE")]
+    pub max_in_flight: Option<String>,
     /// How file devices are driven [default: auto].
     #[arg(long, value_enum)]
     pub io_engine: Option<IoEngine>,
@@ -209,6 +218,7 @@ pub struct ServeConfig {
     pub socket: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub max_block_bytes: u32,
+    pub max_in_flight_bytes: u64,
     pub io_engine: IoEngine,
     pub log_level: String,
     /// None: no admin endpoint.
@@ -255,6 +265,20 @@ impl ServeConfig {
         };
         if !(MIN_BLOCK_BYTES_LIMIT..=MAX_BLOCK_BYTES_LIMIT).contains(&max_block) {
             bail!("max_block_size must be between 64K and 128M, not {max_block}");
+        }
+        let max_in_flight = match (&args.max_in_flight, file.max_in_flight) {
+            (Some(text), _) => parse_bytes(text).map_err(anyhow::Error::msg)?,
+            (None, Some(Size::Bytes(bytes))) => bytes,
+            (None, Some(Size::Text(text))) => parse_bytes(&text).map_err(anyhow::Error::msg)?,
+            (None, None) => (crate::cache::ram_bytes() / 8)
+                .min(DEFAULT_MAX_IN_FLIGHT_BYTES)
+                .max(IN_FLIGHT_BLOCKS_MIN * max_block),
+        };
+        if max_in_flight < IN_FLIGHT_BLOCKS_MIN * max_block {
+            bail!(
+                "max_in_flight must hold at least {IN_FLIGHT_BLOCKS_MIN} of the largest block \
+                 ({max_block} bytes), not {max_in_flight}"
+            );
         }
         let exports = if !args.export.is_empty() {
             args.export
@@ -349,6 +373,7 @@ impl ServeConfig {
             socket,
             data_dir,
             max_block_bytes: max_block as u32,
+            max_in_flight_bytes: max_in_flight,
             io_engine: args.io_engine.or(file.io_engine).unwrap_or_default(),
             log_level: args
                 .log_level

@@ -1,15 +1,21 @@
 //! The per-connection limit on work in flight: bytes and requests. The
 //! reader acquires before dispatching a request; whichever thread sends
 //! the reply releases once it is on the wire. A client that pipelines
-//! more than the budget simply waits, and TCP pushes back on it.
+//! more than the budget simply waits, and TCP pushes back on it. Bytes
+//! also come out of the server-wide budget, when there is one.
+
+use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+
+use super::shared_budget::{SharedBudget, Source};
 
 pub struct Budget {
     bytes_max: u64,
     requests_max: u32,
     used: Mutex<(u64, u32)>,
     changed: Condvar,
+    shared: Option<(Arc<SharedBudget>, Source)>,
 }
 
 impl Budget {
@@ -19,7 +25,14 @@ impl Budget {
             requests_max,
             used: Mutex::new((0, 0)),
             changed: Condvar::new(),
+            shared: None,
         }
+    }
+
+    /// Bytes also count against `shared`, as `source`'s.
+    pub fn within(mut self, shared: Arc<SharedBudget>, source: Source) -> Budget {
+        self.shared = Some((shared, source));
+        self
     }
 
     /// Block until `bytes` (at most `bytes_max`) fit. While they do not,
@@ -38,7 +51,7 @@ impl Budget {
             if fits(&used) {
                 used.0 += bytes;
                 used.1 += 1;
-                return;
+                break;
             }
             drop(used);
             if make_progress() {
@@ -50,7 +63,26 @@ impl Budget {
             }
             used.0 += bytes;
             used.1 += 1;
+            break;
+        }
+        self.acquire_shared(bytes, make_progress);
+    }
+
+    /// Take `bytes` from the server-wide budget. Other connections' releases
+    /// do not wake this reader, so it makes progress on its own requests
+    /// while it has any, and sleeps on the shared budget once it has none.
+    fn acquire_shared(&self, bytes: u64, mut make_progress: impl FnMut() -> bool) {
+        let Some((shared, source)) = &self.shared else {
             return;
+        };
+        if bytes == 0 {
+            return;
+        }
+        while !shared.try_take(*source, bytes) {
+            if self.used.lock().1 <= 1 {
+                return shared.take(*source, bytes);
+            }
+            make_progress();
         }
     }
 
@@ -68,6 +100,11 @@ impl Budget {
         used.0 -= bytes;
         used.1 -= 1;
         drop(used);
+        if let Some((shared, source)) = &self.shared {
+            if bytes > 0 {
+                shared.give_back(*source, bytes);
+            }
+        }
         self.changed.notify_all();
     }
 

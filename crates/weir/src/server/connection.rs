@@ -14,7 +14,7 @@
 //! bounds bytes and requests in flight; when the client stops, the loop
 //! waits for everything in flight to be answered before closing.
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,8 @@ use super::budget::Budget;
 use super::exports::{ClientView, Exports};
 use super::idle_spin::IdleSpin;
 use super::outbox::{Body, Outbox, Reply};
+use super::read_buffer::ReadBuffer;
+use super::shared_budget::Source;
 use super::spin_trial::SpinTrial;
 use super::stream::Stream;
 use crate::cache::LocalPauses;
@@ -422,10 +424,14 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         Ok(clone) => clone,
         Err(err) => return tracing::warn!(peer, error = %err, "cannot set up connection"),
     };
-    let budget = Arc::new(Budget::new(
+    let mut budget = Budget::new(
         2 * u64::from(session.payload_bytes_max),
         REQUESTS_IN_FLIGHT_MAX,
-    ));
+    );
+    if let Some(shared) = exports.in_flight() {
+        budget = budget.within(Arc::clone(shared), Source::of(stream.peer_ip()));
+    }
+    let budget = Arc::new(budget);
     let id = NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed);
     let outbox = match Outbox::new(
         id,
@@ -467,7 +473,7 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         ring_trial: SpinTrial::new(Instant::now()),
         ring_completed_seen: 0,
     };
-    let mut reader = BufReader::with_capacity(
+    let mut reader = ReadBuffer::with_capacity(
         READ_BUFFER_BYTES,
         io::Cursor::new(negotiated.leftover).chain(socket),
     );
@@ -494,7 +500,7 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
 /// Serve requests until the client leaves. `Ok` is a clean end, `Err` a
 /// reason worth a warning.
 fn requests<R: Read>(
-    reader: &mut BufReader<R>,
+    reader: &mut R,
     volume: &Arc<Volume>,
     session: &Session,
     budget: &Budget,

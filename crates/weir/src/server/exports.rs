@@ -7,6 +7,7 @@ use weir_nbd::consts::*;
 use weir_nbd::{Access, BlockSize, ExportCatalog, ExportDetails};
 
 use super::access::{Client, Policy};
+use super::shared_budget::SharedBudget;
 use super::tls::Tls;
 use crate::volume::Volume;
 
@@ -21,6 +22,7 @@ pub struct Exports {
     exports: Vec<Export>,
     payload_bytes_max: u32,
     tls: Option<Tls>,
+    in_flight: Option<Arc<SharedBudget>>,
 }
 
 /// Alignment clients should prefer; smaller requests cost read-modify-write.
@@ -34,7 +36,21 @@ impl Exports {
             exports,
             payload_bytes_max,
             tls: None,
+            in_flight: None,
         }
+    }
+
+    /// Bound request and reply bytes in flight on all connections together
+    /// (see `shared_budget`); at least four of the largest request.
+    pub fn with_in_flight_max(mut self, bytes: u64) -> Exports {
+        assert!(bytes >= 4 * u64::from(self.payload_bytes_max));
+        let request_bytes_max = u64::from(self.payload_bytes_max);
+        self.in_flight = Some(Arc::new(SharedBudget::new(bytes, request_bytes_max)));
+        self
+    }
+
+    pub fn in_flight(&self) -> Option<&Arc<SharedBudget>> {
+        self.in_flight.as_ref()
     }
 
     /// Offer TLS (STARTTLS) as `tls` says.

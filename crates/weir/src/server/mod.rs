@@ -14,6 +14,8 @@ mod connection;
 pub mod exports;
 mod idle_spin;
 mod outbox;
+mod read_buffer;
+mod shared_budget;
 mod socket;
 mod spin_trial;
 mod stream;
@@ -94,6 +96,33 @@ impl Listeners {
     pub fn unix_path(&self) -> Option<&PathBuf> {
         self.unix.as_ref().map(|(_, path)| path)
     }
+}
+
+/// Raise the soft limit on open files to the hard one: each connection
+/// holds a few descriptors (its socket and clones of it, a wake eventfd,
+/// maybe an io_uring), and 1,024 connections need more than the usual
+/// soft limit of 1,024. Returns the limit now in force.
+pub fn raise_open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    limit.rlim_cur
 }
 
 /// Live connections: a handle to half-close each, and a count to wait on.
