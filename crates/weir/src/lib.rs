@@ -25,6 +25,8 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod device;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod join;
 pub mod metrics;
 pub mod pool;

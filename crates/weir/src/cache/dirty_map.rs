@@ -738,7 +738,7 @@ impl<F, D> DirtyMap<F, D> {
     }
 
     /// The indexes agree with the pieces and the ops in flight.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn check_invariants(&self) {
         let idle: BTreeSet<u64> = self
             .pieces

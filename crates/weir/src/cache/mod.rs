@@ -23,9 +23,9 @@
 
 mod budget;
 pub mod dirty_map;
-mod flusher;
+pub(crate) mod flusher;
 mod pauses;
-mod store;
+pub(crate) mod store;
 
 pub use budget::{ram_bytes, Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};

@@ -518,5 +518,5 @@ impl Store for CachedStore {
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod torture;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod torture;

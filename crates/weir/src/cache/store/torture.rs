@@ -462,8 +462,14 @@ impl Run {
     }
 }
 
+#[cfg(test)]
 fn run_seed(seed: u64) -> Result<(), String> {
-    let mut rng = Rng::new(seed);
+    run(Rng::new(seed))
+}
+
+/// One whole run, every decision drawn from `rng` (seeded, or scripted by
+/// a fuzzer).
+pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
     // A small budget sends some writes through to the store.
     let limit = [256 << 10, 4 << 20][rng.below(2) as usize];
     let store = SimStore::new();

@@ -64,7 +64,7 @@ pub(super) fn write_op(offset: u64, bytes: &[u8], durable: bool) -> DeviceOp {
 
 /// Start an operation with a completion and wait for its outcome, on a
 /// thread that owns no ring.
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(super) fn wait(submit: impl FnOnce(crate::device::Completion)) -> Outcome {
     let (sender, receiver) = std::sync::mpsc::sync_channel(1);
     crate::device::without_thread_ring(|| {

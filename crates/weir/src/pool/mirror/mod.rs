@@ -37,8 +37,8 @@ mod status;
 mod volume;
 mod write;
 
-#[cfg(test)]
-mod tests;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod tests;
 
 use std::collections::BTreeSet;
 use std::io;
@@ -476,7 +476,7 @@ impl PoolData {
     }
 
     /// Drop the pool as a crash would: nothing flushed, the log left dirty.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     fn crash(self: Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
         self.abandoned.store(true, Ordering::SeqCst);

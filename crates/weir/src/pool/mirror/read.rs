@@ -96,7 +96,7 @@ impl PoolData {
     }
 
     /// Read and wait, by the path the server would take: for tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn read(
         self: &Arc<Self>,
         logical: u64,

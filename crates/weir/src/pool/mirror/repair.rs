@@ -367,7 +367,7 @@ impl PoolData {
     }
 
     /// Run a resilver on this thread until it ends.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn resilver_now(self: &Arc<Self>, group: usize, member: usize) {
         resilver(Arc::downgrade(self), group, member)
     }

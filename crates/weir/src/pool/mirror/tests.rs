@@ -2,12 +2,18 @@
 //! The torture test, a seeded whole-pool simulation under every
 //! recoverable fault, is in `tests/torture.rs`.
 
+#![cfg_attr(not(test), allow(dead_code, unused_imports))]
+
 mod disk;
+#[cfg(test)]
 mod membership;
+#[cfg(test)]
 mod metadata;
+#[cfg(test)]
 mod races;
+#[cfg(test)]
 mod space;
-mod torture;
+pub(crate) mod torture;
 
 use std::sync::Arc;
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::io_ops::run_all;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 use super::io_ops::wait;
 use super::log_commit::{LogDone, LOG_BITS_PER_PAGE};
 use super::{PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES, SUMS_PER_PAGE};
@@ -148,7 +148,7 @@ impl PoolData {
     }
 
     /// Write and wait: for tests and for callers off the data path.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn write(
         self: &Arc<Self>,
         logical: u64,
@@ -159,7 +159,7 @@ impl PoolData {
     }
 
     /// Write in `class` and wait: for tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn write_as(
         self: &Arc<Self>,
         logical: u64,
@@ -375,7 +375,7 @@ impl PoolData {
     }
 
     /// Zero and wait: for tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn zero(self: &Arc<Self>, logical: u64, length: u64) -> io::Result<()> {
         wait(|done| self.zero_submit(logical, length, IoClass::SyncWrite, done)).result
     }

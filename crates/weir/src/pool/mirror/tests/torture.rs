@@ -886,10 +886,15 @@ impl Run {
 }
 
 fn run_seed(seed: u64) -> Result<(), String> {
+    run(Rng::new(seed))
+}
+
+/// One whole run, every decision drawn from `rng` (seeded, or scripted by
+/// a fuzzer).
+pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
     if std::env::var("WEIR_SIM_LOG").is_ok() {
         let _ = tracing_subscriber::fmt().with_test_writer().try_init();
     }
-    let mut rng = Rng::new(seed);
     let (groups, copies) = match rng.below(4) {
         0 | 1 => (1, 2),
         2 => (1, 3),
