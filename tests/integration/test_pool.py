@@ -2,7 +2,7 @@
 around them (another pool's device, a device listed twice or too small, a
 damaged label copy, a missing member)."""
 
-import http.client
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -12,12 +12,11 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 
 import nbd
 
 import modelcheck
-from weirtest import WEIR, Weir, run
+from weirtest import WEIR, Weir, admin_call, fetch_metrics, run
 
 MIB = 1 << 20
 
@@ -450,28 +449,53 @@ class Replace(PoolTest):
             self.assertEqual(f.read(), b"thirteen byte")
 
 
-    def test_the_admin_endpoint_refuses_web_pages_other_hosts_and_remote_addresses(self):
+    def test_the_admin_endpoint_is_its_owners_alone(self):
         a, b = self.file("a.img"), self.file("b.img")
         self.weir("create", "tank", "mirror", a, b)
+        # By default: a Unix socket only the server's user may open.
         with Weir("--data-dir", self.data) as w:
-            host, port = self.admin_addr().rsplit(":", 1)
-            for headers in ({"Origin": "https://example.com"}, {"Host": f"attacker.example:{port}"}):
-                conn = http.client.HTTPConnection(host, int(port), timeout=10)
-                conn.request("POST", "/v1/sched?pool=tank&mode=fifo", headers=headers)
-                answer = conn.getresponse()
-                self.assertEqual(answer.status, 403, headers)
-                conn.close()
+            with open(os.path.join(self.data, "admin.addr")) as f:
+                socket_path = f.read().strip().removeprefix("unix:")
+            self.assertEqual(os.stat(socket_path).st_mode & 0o777, 0o600)
+            self.assertIn("fifo", self.weir("sched", "tank", "fifo").stdout)
+            status, _ = admin_call(self.data, "POST", "/v1/sched?pool=tank&mode=zfs",
+                                   headers={"Origin": "https://example.com"})
+            self.assertEqual(status, 403)
+            self.assertEqual(w.stop(), 0)
+        self.assertFalse(os.path.exists(socket_path))
+        # On loopback TCP every request needs the token; web pages and other
+        # hosts' names are refused before that.
+        with Weir("--data-dir", self.data, "--admin", "127.0.0.1:0") as w:
+            self.assertEqual(os.stat(os.path.join(self.data, "admin.token")).st_mode & 0o777, 0o600)
+            with open(os.path.join(self.data, "admin.addr")) as f:
+                host, port = f.read().strip().rsplit(":", 1)
+            refusals = [
+                ({}, False, 401),
+                ({"Authorization": "Bearer wrong"}, False, 401),
+                ({"Origin": "https://example.com"}, True, 403),
+                ({"Host": f"attacker.example:{port}"}, True, 403),
+            ]
+            for headers, token, expected in refusals:
+                status, body = admin_call(self.data, "POST", "/v1/sched?pool=tank&mode=zfs",
+                                          headers=headers, token=token)
+                self.assertEqual(status, expected, (headers, body))
+            self.assertEqual(admin_call(self.data, "GET", "/metrics", token=False)[0], 401)
             with open(os.path.join(self.data, "pools.toml")) as f:
-                self.assertNotIn("fifo", f.read())
+                self.assertNotIn("zfs", f.read())
             # Bytes that are not HTTP get 400 or a closed connection, never a dead endpoint.
             for raw in (b"GARBAGE\r\n\r\n", b"\x00\xff" * 100 + b"\r\n\r\n"):
                 with socket.create_connection((host, int(port)), timeout=10) as s:
                     s.sendall(raw)
                     answer = s.recv(200)
                     self.assertTrue(answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer)
-            # The CLI's own calls go through.
-            self.assertIn("fifo", self.weir("sched", "tank", "fifo").stdout)
+            # Requests at once are answered at once, each on its own.
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                statuses = list(pool.map(lambda _: admin_call(self.data, "GET", "/v1/status")[0], range(32)))
+            self.assertTrue(set(statuses) <= {200, 503} and statuses.count(200) >= 8, statuses)
+            # The CLI's own calls carry the token.
+            self.assertIn("zfs", self.weir("sched", "tank", "zfs").stdout)
             self.assertEqual(w.stop(), 0)
+        self.assertFalse(os.path.exists(os.path.join(self.data, "admin.token")))
         other = os.path.join(self.dir, "other-data")
         refused = subprocess.run([WEIR, "serve", "--listen", "none", "--socket", os.path.join(self.dir, "s.sock"),
                                   "--data-dir", other, "--admin", "0.0.0.0:0"],
@@ -510,7 +534,7 @@ class Scrub(PoolTest):
             self.assertEqual(cksum, 1024)
             self.assertIn("0 repaired, 0 unrecoverable", self.scrub("start", "tank", "--wait").stdout)
             self.assertIn("finished", self.scrub("status", "tank").stdout)
-            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            metrics = fetch_metrics(self.data)
             self.assertIn('weir_member_repaired_blocks_total{pool="tank",group="0",member="1"', metrics)
             self.assertIn("# TYPE weir_device_latency_seconds histogram", metrics)
             self.assertRegex(metrics, r"weir_device_latency_seconds_sum\{[^}]*class=\"scrub\"\} [0-9.e-]+")
@@ -613,7 +637,7 @@ class Scrub(PoolTest):
             self.assertIn("0 repaired, 0 unrecoverable", out)
             self.assertGreater(reads[0], 5, "client reads ran beside the scrub")
             self.assertEqual(wrong, [], "every client read returned its data")
-            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            metrics = fetch_metrics(self.data)
             self.assertRegex(metrics, r'weir_device_pieces_total\{[^}]*class="scrub"\} [1-9]')
             run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"), timeout=120)
             self.assertEqual(w.stop(), 0)
@@ -664,12 +688,10 @@ class ReadPolicies(PoolTest):
             bad = self.weir("read-policy", "tank", "fastest", check=False)
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("want pid, round-robin, least-pending, latency", bad.stderr)
-            request = urllib.request.Request(f"http://{self.admin_addr()}/v1/read-policy?pool=tank", method="POST")
-            with self.assertRaises(urllib.error.HTTPError) as missing:
-                urllib.request.urlopen(request)
-            self.assertEqual(missing.exception.code, 409)
-            self.assertIn("missing policy=", missing.exception.read().decode())
-            metrics = urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+            status, body = admin_call(self.data, "POST", "/v1/read-policy?pool=tank")
+            self.assertEqual(status, 409)
+            self.assertIn("missing policy=", body)
+            metrics = fetch_metrics(self.data)
             self.assertRegex(metrics, r'weir_member_read_share\{pool="tank",group="0",member="0"[^}]*\} 0\.\d+')
             self.assertRegex(metrics, r'weir_member_read_service_seconds\{[^}]*kind="other"\} \d')
             self.assertIn('weir_member_read_passed_over{pool="tank",group="0",member="1"', metrics)

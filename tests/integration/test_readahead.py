@@ -7,12 +7,11 @@ them."""
 import os
 import re
 import unittest
-import urllib.request
 
 import nbd
 
 from test_pool import MIB, PoolTest
-from weirtest import Weir
+from weirtest import Weir, fetch_metrics
 
 REQUEST = 64 * 1024
 
@@ -41,7 +40,7 @@ class Readahead(PoolTest):
         return handles
 
     def metrics(self):
-        return urllib.request.urlopen(f"http://{self.admin_addr()}/metrics").read().decode()
+        return fetch_metrics(self.data)
 
     def test_writes_ahead_of_a_reader_spread_over_connections_are_always_read_back(self):
         w = self.serve("--readahead", "on")

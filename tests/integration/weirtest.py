@@ -1,5 +1,6 @@
 """Helpers for integration tests: start the real weir binary, talk to it."""
 
+import http.client
 import os
 import signal
 import socket
@@ -26,9 +27,7 @@ class Weir:
 
     def start(self):
         listen = ["--listen", "127.0.0.1:0"] if self.tcp else ["--listen", "none"]
-        # A private admin port, so tests never meet another server's.
-        admin = [] if "--admin" in self.args else ["--admin", "127.0.0.1:0"]
-        cmd = [WEIR, "serve", "--socket", self.socket, *listen, *admin, *self.args]
+        cmd = [WEIR, "serve", "--socket", self.socket, *listen, *self.args]
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, cwd=self.dir, text=True)
         line = self.proc.stdout.readline()
@@ -111,6 +110,45 @@ def read_until_closed(sock):
     except ConnectionResetError:
         pass
     sock.close()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=30):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def admin_call(data_dir, method, path, headers=None, token=True):
+    """(status, body) of one call to the admin endpoint of the server
+    holding `data_dir`: on its Unix socket, or on TCP with its token."""
+    with open(os.path.join(data_dir, "admin.addr")) as f:
+        address = f.read().strip()
+    headers = dict(headers or {})
+    if address.startswith("unix:"):
+        conn = UnixHTTPConnection(address[len("unix:"):])
+    else:
+        host, port = address.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=30)
+        if token:
+            with open(os.path.join(data_dir, "admin.token")) as f:
+                headers.setdefault("Authorization", "Bearer " + f.read().strip())
+    try:
+        conn.request(method, path, headers=headers)
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def fetch_metrics(data_dir):
+    status, body = admin_call(data_dir, "GET", "/metrics")
+    assert status == 200, (status, body)
+    return body
 
 
 def sparse_file(path, size):

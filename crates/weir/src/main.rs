@@ -95,9 +95,9 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     };
     let (pools, pool_volumes) = weir::pool::volumes::open_all(&config.data_dir)?;
     let service = Arc::new(PoolService::new(&config.data_dir, pools, true));
-    let admin = match config.admin {
-        Some(addr) if !service.pools().is_empty() => Some(AdminEndpoint::start(
-            addr,
+    let admin = match &config.admin {
+        Some(listen) if !service.pools().is_empty() => Some(AdminEndpoint::start(
+            listen,
             &config.data_dir,
             Arc::clone(&service),
         )?),

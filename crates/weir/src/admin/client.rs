@@ -1,20 +1,28 @@
 //! The CLI's side of the admin endpoint: find the running server of a data
-//! directory and ask it.
+//! directory and ask it, on its Unix socket or on loopback TCP with its
+//! token.
 
-use std::path::Path;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::ADDRESS_FILE;
+use super::{ADDRESS_FILE, TOKEN_FILE, UNIX_PREFIX};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// `/metrics` of a large pool is the longest answer; far below this.
 const BODY_BYTES_MAX: u64 = 64 << 20;
 
+enum Target {
+    Unix(PathBuf),
+    Tcp { addr: String, token: String },
+}
+
 /// A server's admin endpoint, found through its data directory.
 pub struct AdminClient {
-    addr: String,
+    target: Target,
 }
 
 impl AdminClient {
@@ -28,38 +36,163 @@ impl AdminClient {
                 path.display()
             )
         })?;
-        Ok(AdminClient {
-            addr: text.trim().to_string(),
-        })
+        let address = text.trim();
+        let target = match address.strip_prefix(UNIX_PREFIX) {
+            Some(socket) => Target::Unix(socket.into()),
+            None => {
+                let token_path = data_dir.join(TOKEN_FILE);
+                let token = std::fs::read_to_string(&token_path).with_context(|| {
+                    format!("cannot read the admin token {}", token_path.display())
+                })?;
+                Target::Tcp {
+                    addr: address.to_string(),
+                    token: token.trim().to_string(),
+                }
+            }
+        };
+        Ok(AdminClient { target })
     }
 
     /// `METHOD path?query`; the body of a 200 answer, else the server's reason.
     pub fn call(&self, method: &str, path: &str, query: &[(&str, &str)]) -> anyhow::Result<String> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(TIMEOUT))
-            .build()
-            .into();
-        let url = format!("http://{}{path}", self.addr);
-        let pairs = query.iter().copied();
-        let sent = match method {
-            "GET" => agent.get(&url).query_pairs(pairs).call(),
-            "POST" => agent.post(&url).query_pairs(pairs).send_empty(),
-            other => bail!("the admin endpoint takes GET and POST, not {other}"),
+        if !matches!(method, "GET" | "POST") {
+            bail!("the admin endpoint takes GET and POST, not {method}");
+        }
+        let (status, body) = match &self.target {
+            Target::Unix(socket) => call_unix(socket, method, path, query).with_context(|| {
+                format!(
+                    "cannot reach the server's admin endpoint at {}",
+                    socket.display()
+                )
+            })?,
+            Target::Tcp { addr, token } => call_tcp(addr, token, method, path, query)?,
         };
-        let mut answer = sent.with_context(|| {
-            format!("cannot reach the server's admin endpoint at {}", self.addr)
-        })?;
-        let status = answer.status();
-        let body = answer
-            .body_mut()
-            .with_config()
-            .limit(BODY_BYTES_MAX)
-            .read_to_string()
-            .context("reading the admin endpoint's answer")?;
         if status != 200 {
             bail!("{}", body.trim_end());
         }
         Ok(body)
+    }
+}
+
+fn call_tcp(
+    addr: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    query: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(TIMEOUT))
+        .build()
+        .into();
+    let url = format!("http://{addr}{path}");
+    let pairs = query.iter().copied();
+    let bearer = format!("Bearer {token}");
+    let sent = if method == "GET" {
+        agent
+            .get(&url)
+            .header("Authorization", &bearer)
+            .query_pairs(pairs)
+            .call()
+    } else {
+        agent
+            .post(&url)
+            .header("Authorization", &bearer)
+            .query_pairs(pairs)
+            .send_empty()
+    };
+    let mut answer =
+        sent.with_context(|| format!("cannot reach the server's admin endpoint at {addr}"))?;
+    let status = answer.status().as_u16();
+    let body = answer
+        .body_mut()
+        .with_config()
+        .limit(BODY_BYTES_MAX)
+        .read_to_string()
+        .context("reading the admin endpoint's answer")?;
+    Ok((status, body))
+}
+
+/// One request over the Unix socket. ureq has no Unix-socket transport; a
+/// request line and an answer read to the end of the connection is all
+/// this needs.
+fn call_unix(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    query: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
+    let mut target = path.to_string();
+    if !query.is_empty() {
+        let encoded = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(query)
+            .finish();
+        target = format!("{target}?{encoded}");
+    }
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    write!(
+        stream,
+        "{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.take(BODY_BYTES_MAX).read_to_end(&mut raw)?;
+    parse_answer(&raw)
+}
+
+/// Status and body of an HTTP/1.1 answer, plain or chunked.
+fn parse_answer(raw: &[u8]) -> anyhow::Result<(u16, String)> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("the admin endpoint's answer has no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let mut body = &raw[split + 4..];
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .context("the admin endpoint's answer has no status")?;
+    let chunked = head.lines().any(|line| {
+        let line = line.to_ascii_lowercase();
+        line.starts_with("transfer-encoding:") && line.contains("chunked")
+    });
+    if !chunked {
+        return Ok((status, String::from_utf8_lossy(body).into_owned()));
+    }
+    let mut decoded = Vec::new();
+    loop {
+        let end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("a chunk of the admin endpoint's answer has no size")?;
+        let size_text = String::from_utf8_lossy(&body[..end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .context("a chunk size is not hex")?;
+        body = &body[end + 2..];
+        if size == 0 {
+            break;
+        }
+        let chunk = body.get(..size).context("the answer ends inside a chunk")?;
+        decoded.extend_from_slice(chunk);
+        body = body.get(size + 2..).unwrap_or_default();
+    }
+    Ok((status, String::from_utf8_lossy(&decoded).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_parse_plain_and_chunked() {
+        let plain = b"HTTP/1.1 409 Conflict\r\nContent-Length: 4\r\n\r\nnope";
+        assert_eq!(parse_answer(plain).unwrap(), (409, "nope".into()));
+        let chunked =
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_answer(chunked).unwrap(), (200, "abcde".into()));
+        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_err());
     }
 }

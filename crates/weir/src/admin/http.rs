@@ -1,15 +1,28 @@
 //! The admin endpoint's HTTP: tiny_http reads requests (each connection on
-//! its own, so a slow client does not hold up the others) and this module
-//! turns them into `Request`s for the router and `Response`s back.
+//! its own, so a slow client does not hold up the others), this module
+//! checks who sent them, and each is answered on a thread of its own, so a
+//! slow call does not hold up the others either.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the serving loop looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// Requests answered at once; more get 503 at once.
+const HANDLERS_MAX: usize = 8;
+
+/// What the endpoint listens on, and so what a request must show.
+pub enum Bound {
+    /// The socket's mode admits only the server's user.
+    Unix,
+    /// Requests name this address as their Host and carry the token.
+    Tcp { addr: SocketAddr, token: String },
+}
+
+pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
@@ -17,9 +30,10 @@ pub struct Request {
     pub path: String,
     /// Query parameters, percent-decoded, in order.
     pub query: Vec<(String, String)>,
-    /// The Host and Origin headers, if sent.
+    /// The Host, Origin and Authorization headers, if sent.
     pub host: Option<String>,
     pub origin: Option<String>,
+    pub authorization: Option<String>,
 }
 
 impl Request {
@@ -36,28 +50,46 @@ impl Request {
                 .collect(),
             host: None,
             origin: None,
+            authorization: None,
         }
     }
 
     /// Why a request that reached `bound` is refused before routing, if it
-    /// is. A web page can make a browser send a request to a local port:
-    /// as a cross-site form POST (the browser adds Origin), or through a
-    /// DNS name rebound to 127.0.0.1 (the Host is that name). The CLI sends
-    /// neither an Origin nor a Host other than the address it dialled.
-    pub fn refusal(&self, bound: SocketAddr) -> Option<&'static str> {
+    /// is, with the HTTP status. A web page can make a browser send a
+    /// request to a local port: as a cross-site form POST (the browser adds
+    /// Origin), or through a DNS name rebound to 127.0.0.1 (the Host is that
+    /// name). The CLI sends neither an Origin nor a Host other than the
+    /// address it dialled, and over TCP it sends the token.
+    pub fn refusal(&self, bound: &Bound) -> Option<(u16, &'static str)> {
         if self.origin.is_some() {
-            return Some("requests from web pages (with an Origin header) are refused");
+            return Some((
+                403,
+                "requests from web pages (with an Origin header) are refused",
+            ));
         }
-        let host = self.host.as_deref()?;
-        let port = bound.port().to_string();
-        let (name, host_port) = host.rsplit_once(':').unwrap_or((host, ""));
-        let local = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
-            || name.trim_start_matches('[').trim_end_matches(']') == bound.ip().to_string();
-        if local && host_port == port {
-            None
-        } else {
-            Some("the Host header names another server")
+        let Bound::Tcp { addr, token } = bound else {
+            return None;
+        };
+        if let Some(host) = self.host.as_deref() {
+            let port = addr.port().to_string();
+            let (name, host_port) = host.rsplit_once(':').unwrap_or((host, ""));
+            let local = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
+                || name.trim_start_matches('[').trim_end_matches(']') == addr.ip().to_string();
+            if !local || host_port != port {
+                return Some((403, "the Host header names another server"));
+            }
         }
+        let shown = self
+            .authorization
+            .as_deref()
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if !shown.is_some_and(|shown| constant_time_eq(shown.as_bytes(), token.as_bytes())) {
+            return Some((
+                401,
+                "missing or wrong token: send Authorization: Bearer with the token in DATA_DIR/admin.token",
+            ));
+        }
+        None
     }
 
     pub fn param(&self, key: &str) -> Option<&str> {
@@ -92,19 +124,25 @@ impl Response {
     }
 }
 
-/// Serve until `stop` is set, routing one request at a time on this thread
-/// (tiny_http reads each connection on its own). A request whose handler
-/// panics is answered 500 and logged; the endpoint goes on.
-pub fn serve(
-    listener: TcpListener,
-    stop: Arc<AtomicBool>,
-    handle: impl Fn(&Request) -> Response,
-) -> std::io::Result<()> {
-    let bound = listener.local_addr()?;
-    let server = tiny_http::Server::from_listener(listener, None).map_err(std::io::Error::other)?;
+/// Compare without stopping at the first difference: how long a refusal
+/// takes says nothing about how much of the token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Serve until `stop` is set. Each request is answered on a thread of its
+/// own, at most `HANDLERS_MAX` at once; a request whose handler panics is
+/// answered 500 and logged, and the endpoint goes on.
+pub fn serve(server: tiny_http::Server, bound: Bound, stop: Arc<AtomicBool>, handle: Handler) {
+    let busy = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
-        let Some(incoming) = server.recv_timeout(STOP_POLL)? else {
-            continue;
+        let incoming = match server.recv_timeout(STOP_POLL) {
+            Ok(Some(incoming)) => incoming,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!(error = %err, "admin endpoint: accepting a request failed");
+                continue;
+            }
         };
         let mut request = Request::parse(incoming.method().as_str(), incoming.url());
         let header = |name: &'static str| {
@@ -116,29 +154,52 @@ pub fn serve(
         };
         request.host = header("Host");
         request.origin = header("Origin");
-        let response = match request.refusal(bound) {
-            Some(reason) => {
-                tracing::warn!(path = %request.path, host = ?request.host, origin = ?request.origin,
-                    "admin request refused: {reason}");
-                Response::text(403, format!("{reason}\n"))
-            }
-            None => catch_unwind(AssertUnwindSafe(|| handle(&request))).unwrap_or_else(|_| {
-                tracing::error!(method = %request.method, path = %request.path,
-                    "admin request failed inside the server");
-                Response::text(500, "the request failed inside the server; see its log\n")
-            }),
-        };
-        let content_type =
-            tiny_http::Header::from_bytes(&b"Content-Type"[..], response.content_type.as_bytes())
-                .expect("a valid header");
-        let answer = tiny_http::Response::from_string(response.body)
-            .with_status_code(response.status)
-            .with_header(content_type);
-        if let Err(err) = incoming.respond(answer) {
-            tracing::debug!(error = %err, "admin request failed");
+        request.authorization = header("Authorization");
+        if let Some((status, reason)) = request.refusal(&bound) {
+            tracing::warn!(path = %request.path, host = ?request.host, origin = ?request.origin,
+                "admin request refused: {reason}");
+            respond(incoming, Response::text(status, format!("{reason}\n")));
+            continue;
+        }
+        if busy.fetch_add(1, Ordering::SeqCst) >= HANDLERS_MAX {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            respond(
+                incoming,
+                Response::text(503, "too many admin requests at once\n"),
+            );
+            continue;
+        }
+        let handle = Arc::clone(&handle);
+        let done = Arc::clone(&busy);
+        let spawned = std::thread::Builder::new()
+            .name("weir-admin-call".into())
+            .spawn(move || {
+                let response =
+                    catch_unwind(AssertUnwindSafe(|| handle(&request))).unwrap_or_else(|_| {
+                        tracing::error!(method = %request.method, path = %request.path,
+                            "admin request failed inside the server");
+                        Response::text(500, "the request failed inside the server; see its log\n")
+                    });
+                respond(incoming, response);
+                done.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(err) = spawned {
+            busy.fetch_sub(1, Ordering::SeqCst);
+            tracing::error!(error = %err, "admin endpoint: cannot start a thread for a request");
         }
     }
-    Ok(())
+}
+
+fn respond(incoming: tiny_http::Request, response: Response) {
+    let content_type =
+        tiny_http::Header::from_bytes(&b"Content-Type"[..], response.content_type.as_bytes())
+            .expect("a valid header");
+    let answer = tiny_http::Response::from_string(response.body)
+        .with_status_code(response.status)
+        .with_header(content_type);
+    if let Err(err) = incoming.respond(answer) {
+        tracing::debug!(error = %err, "admin request failed");
+    }
 }
 
 #[cfg(test)]
@@ -156,28 +217,64 @@ mod tests {
         assert_eq!(Request::parse("GET", "/metrics").query, vec![]);
     }
 
-    #[test]
-    fn requests_from_web_pages_and_other_hosts_are_refused() {
-        let bound: SocketAddr = "127.0.0.1:10810".parse().unwrap();
-        let with = |host: Option<&str>, origin: Option<&str>| Request {
+    fn tcp(addr: &str) -> Bound {
+        Bound::Tcp {
+            addr: addr.parse().unwrap(),
+            token: "s3cret".into(),
+        }
+    }
+
+    fn with(host: Option<&str>, origin: Option<&str>, token: Option<&str>) -> Request {
+        Request {
             host: host.map(String::from),
             origin: origin.map(String::from),
+            authorization: token.map(|t| format!("Bearer {t}")),
             ..Request::parse("POST", "/v1/replace?pool=tank")
-        };
+        }
+    }
+
+    #[test]
+    fn requests_from_web_pages_and_other_hosts_are_refused() {
+        let bound = tcp("127.0.0.1:10810");
         for host in [None, Some("127.0.0.1:10810"), Some("localhost:10810")] {
-            assert_eq!(with(host, None).refusal(bound), None, "{host:?}");
+            assert_eq!(
+                with(host, None, Some("s3cret")).refusal(&bound),
+                None,
+                "{host:?}"
+            );
         }
         for (host, origin) in [
             (Some("127.0.0.1:10810"), Some("https://example.com")),
             (Some("attacker.example:10810"), None),
             (Some("127.0.0.1:80"), None),
         ] {
-            assert!(
-                with(host, origin).refusal(bound).is_some(),
-                "{host:?} {origin:?}"
-            );
+            let refusal = with(host, origin, Some("s3cret")).refusal(&bound);
+            assert_eq!(refusal.map(|r| r.0), Some(403), "{host:?} {origin:?}");
         }
-        let v6: SocketAddr = "[::1]:7000".parse().unwrap();
-        assert_eq!(with(Some("[::1]:7000"), None).refusal(v6), None);
+        let v6 = tcp("[::1]:7000");
+        assert_eq!(
+            with(Some("[::1]:7000"), None, Some("s3cret")).refusal(&v6),
+            None
+        );
+        // The Unix socket's mode admits only the server's user; web pages
+        // are still refused.
+        assert_eq!(with(None, None, None).refusal(&Bound::Unix), None);
+        assert!(with(None, Some("null"), None)
+            .refusal(&Bound::Unix)
+            .is_some());
+    }
+
+    #[test]
+    fn tcp_requests_need_the_token() {
+        let bound = tcp("127.0.0.1:10810");
+        for token in [None, Some("wrong"), Some("s3cre"), Some("s3cret2")] {
+            let refusal = with(None, None, token).refusal(&bound);
+            assert_eq!(refusal.map(|r| r.0), Some(401), "{token:?}");
+        }
+        let basic = Request {
+            authorization: Some("Basic s3cret".into()),
+            ..Request::parse("GET", "/metrics")
+        };
+        assert_eq!(basic.refusal(&bound).map(|r| r.0), Some(401));
     }
 }

@@ -9,7 +9,7 @@
 //! max_in_flight = "2G"           # request bytes in flight, all clients together
 //! io_engine = "auto"             # auto | uring | threads
 //! log_level = "info"
-//! admin = "127.0.0.1:10810"     # "none": no admin endpoint
+//! admin = "unix"                # DATA_DIR/admin.sock; or a loopback ADDR; "none"
 //! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
@@ -49,8 +49,9 @@ use crate::server::access::Policy;
 use crate::units::parse_bytes;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
-/// The admin endpoint (pool status, scrub, replace, /metrics): localhost only by default.
-pub const DEFAULT_ADMIN: &str = "127.0.0.1:10810";
+/// The admin endpoint (pool status, scrub, replace, /metrics): a Unix
+/// socket in the data directory by default.
+pub const DEFAULT_ADMIN: &str = "unix";
 pub const DEFAULT_DATA_DIR: &str = "./weir-data";
 pub const DEFAULT_EXPORT_NAME: &str = "default";
 pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
@@ -168,7 +169,7 @@ pub struct ServeArgs {
     /// Log level: error, warn, info, debug, trace [default: info; RUST_LOG overrides].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// Admin endpoint for pool commands and /metrics ("none" to turn it off) [default: 127.0.0.1:10810].
+    /// Admin endpoint for pool commands and /metrics: "unix" (DATA_DIR/admin.sock, mode 0600), a loopback HOST:PORT (requests need the token in DATA_DIR/admin.token), or "none" [default: unix].
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
     /// On SIGINT/SIGTERM, how long to wait for clients to read their last replies before closing their connections [default: 30].
@@ -222,7 +223,7 @@ pub struct ServeConfig {
     pub io_engine: IoEngine,
     pub log_level: String,
     /// None: no admin endpoint.
-    pub admin: Option<SocketAddr>,
+    pub admin: Option<AdminListen>,
     pub shutdown_grace: std::time::Duration,
     /// Empty means: serve the embedded default.
     pub exports: Vec<ExportSpec>,
@@ -301,9 +302,14 @@ impl ServeConfig {
             .clone()
             .or(file.admin)
             .unwrap_or_else(|| DEFAULT_ADMIN.into());
-        let admin = parse_listen(std::slice::from_ref(&admin_text))
-            .with_context(|| "the admin address")?
-            .pop();
+        let admin = if admin_text == "unix" {
+            Some(AdminListen::Unix)
+        } else {
+            parse_listen(std::slice::from_ref(&admin_text))
+                .with_context(|| "the admin address (unix, a loopback HOST:PORT, or none)")?
+                .pop()
+                .map(AdminListen::Tcp)
+        };
         let shutdown_grace = std::time::Duration::from_secs(
             args.shutdown_grace_seconds
                 .or(file.shutdown_grace_seconds)
@@ -437,6 +443,16 @@ impl ServeConfig {
     fn volume(&self, name: &str) -> Option<&VolumeSettings> {
         self.volume_settings.iter().find(|v| v.name == name)
     }
+}
+
+/// Where the admin endpoint listens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdminListen {
+    /// `DATA_DIR/admin.sock`, its owner's only.
+    Unix,
+    /// A loopback address; every request carries the token in
+    /// `DATA_DIR/admin.token`.
+    Tcp(SocketAddr),
 }
 
 /// One pool volume's own settings; None: the server's default.
