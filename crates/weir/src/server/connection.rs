@@ -681,6 +681,7 @@ fn discard(reader: &mut impl Read, bytes: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::socket::Socket;
     use std::os::unix::net::UnixStream;
 
     #[test]
@@ -709,7 +710,7 @@ mod tests {
         let exports = Exports::new(vec![export], 1 << 20);
         let started = Instant::now();
         let result = handshake_within(
-            Stream::Plain(super::super::socket::Socket::Unix(server)),
+            Stream::Plain(Socket::Unix(server)),
             &exports,
             Duration::from_millis(200),
         );
