@@ -281,11 +281,10 @@ struct SocketReader<'a> {
 
 impl SocketReader<'_> {
     /// `recv` without sleeping for the spin window, then a blocking read.
+    /// Under TLS the spin only peeks: raw bytes are not requests until TLS
+    /// has decrypted them, which the stream's read does.
     fn read_polling(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.stream.is_tls() {
-            // Raw bytes are not requests until TLS has decrypted them.
-            return self.read_blocking(buf);
-        }
+        let tls = self.stream.is_tls();
         let window = self.spin.window();
         let slot = (!window.is_zero())
             .then(crate::spin_slots::try_take)
@@ -294,15 +293,17 @@ impl SocketReader<'_> {
             let deadline = Instant::now() + window;
             // A call from another thread ends the spin: replies wait.
             while !self.outbox.reader_called() {
-                // SAFETY: `buf` is valid for writes of its length.
-                let got = unsafe {
-                    libc::recv(
-                        self.fd,
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        libc::MSG_DONTWAIT,
-                    )
+                let (flags, length) = if tls {
+                    (libc::MSG_DONTWAIT | libc::MSG_PEEK, 1)
+                } else {
+                    (libc::MSG_DONTWAIT, buf.len())
                 };
+                // SAFETY: `buf` is valid for writes of `length` <= its length.
+                let got = unsafe { libc::recv(self.fd, buf.as_mut_ptr().cast(), length, flags) };
+                if got >= 0 && tls {
+                    drop(slot);
+                    return self.stream.read(buf);
+                }
                 if got >= 0 {
                     return Ok(got as usize);
                 }

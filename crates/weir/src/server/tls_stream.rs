@@ -49,6 +49,8 @@ pub struct TlsStream {
     shared: Arc<Shared>,
     /// Raw bytes read and not yet given to the session (reader only).
     stash: Vec<u8>,
+    /// Where socket reads land (reader only; allocated on first read).
+    landing: Vec<u8>,
 }
 
 impl TlsStream {
@@ -62,6 +64,7 @@ impl TlsStream {
                 wire: Mutex::new(Wire::default()),
             }),
             stash: Vec::new(),
+            landing: Vec::new(),
         }
     }
 
@@ -74,6 +77,7 @@ impl TlsStream {
             socket: self.socket.try_clone()?,
             shared: Arc::clone(&self.shared),
             stash: Vec::new(),
+            landing: Vec::new(),
         })
     }
 
@@ -215,15 +219,14 @@ impl Read for TlsStream {
             if wants_write {
                 self.send_session_output()?;
             }
-            let start = self.stash.len();
-            self.stash.resize(start + STASH_READ_BYTES, 0);
-            let got = self.socket.read(&mut self.stash[start..]);
-            self.stash.truncate(start + *got.as_ref().unwrap_or(&0));
-            match got? {
+            if self.landing.is_empty() {
+                self.landing = vec![0; STASH_READ_BYTES];
+            }
+            match self.socket.read(&mut self.landing)? {
                 // Closed without close_notify: the end of the stream all
                 // the same for NBD, whose requests are self-delimiting.
                 0 => return Ok(0),
-                _ => continue,
+                got => self.stash.extend_from_slice(&self.landing[..got]),
             }
         }
     }
