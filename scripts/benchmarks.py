@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,pool,pool-scaling,cache,readahead,writeback-matrix,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,writeback-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -204,6 +204,15 @@ O_DIRECT and io_uring where the server offers it (nbdkit's file plugin uses the
 page cache and is shown for reference), plus fio's own io_uring engine on the
 file as the limit. Each job runs on every server once per round in a rotating
 order."""))
+    parts.append(section(os.path.join(RESULTS, "tls.md"), "NBD over TLS against plaintext",
+                         """weir, nbdkit and qemu-nbd, each memory-backed and filled with data first, on
+loopback TCP; weir and nbdkit take plaintext and TLS clients on one port
+(`--tls on`), qemu-nbd runs once per mode. nbdcopy on one connection copies the
+whole export to `null:` (reads) or from a file in `/dev/shm` (writes) at each
+job's request size and depth; its own TLS (GnuTLS) shares the 2 CPUs with the
+server's. Each job runs on every target once per round in a rotating order.
+The kernel here offers no kTLS (no `tls` ULP), so encryption is rustls's in
+weir, GnuTLS's in the peers."""))
     parts.append(section(os.path.join(RESULTS, "pool.md"), "Pools: mirrored, checksummed volumes vs raw",
                          """A 2-way mirror pool volume on two files against a raw export of one file (and
 qemu-nbd on it), all on the same disk; then a mirror of two `model:nvme`
@@ -312,7 +321,7 @@ def write(path, parts):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     everything = ",".join(dict.fromkeys(
-        ["peers", "pool", "pool-scaling", "cache", "readahead", "writeback-matrix", *SCENARIOS]))
+        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "writeback-matrix", *SCENARIOS]))
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -327,6 +336,8 @@ def main():
         os.makedirs(MODELS, exist_ok=True)
         if "peers" in wanted:
             failed += run(["bench/peers.sh", "--out", "bench/results/peers"]) != 0
+        if "tls" in wanted:
+            failed += run(["bench/tls.sh", "--out", "bench/results/tls"]) != 0
         if "pool" in wanted:
             failed += run(["bench/pool.sh", "--out", "bench/results/pool"]) != 0
         if "pool-scaling" in wanted:
