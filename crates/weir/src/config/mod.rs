@@ -413,13 +413,17 @@ impl ServeConfig {
         })
     }
 
-    /// The cache mode of the export or pool volume `name`.
+    /// The cache mode of the export or pool volume `name`. A memory
+    /// export writes through unless it names a mode itself: the cache
+    /// hides a device's write latency, and memory has none to hide, so it
+    /// would only add a copy and write-back (half the 1 MiB write rate).
     pub fn cache_of(&self, name: &str) -> CacheMode {
-        self.exports
-            .iter()
-            .find(|e| e.name == name)
+        let export = self.exports.iter().find(|e| e.name == name);
+        let memory = export.is_some_and(|e| matches!(e.device, DeviceSpec::Mem { .. }));
+        export
             .and_then(|e| e.cache)
             .or_else(|| self.volume(name).and_then(|v| v.cache))
+            .or(memory.then_some(CacheMode::Writethrough))
             .unwrap_or(self.cache)
     }
 
@@ -769,7 +773,7 @@ mod tests {
             export: vec![
                 "a=mem:1M,cache=writethrough".into(),
                 "b=model:ssd,size=1G,cache=writethrough,readonly".into(),
-                "c=mem:1M".into(),
+                "c=/tmp/c.img".into(),
             ],
             volume: vec!["tank/db,cache=writethrough".into()],
             cache_dirty_max: Some("256M".into()),
@@ -790,6 +794,23 @@ mod tests {
         .unwrap();
         assert_eq!(toml.cache_of("tank/x"), CacheMode::Writethrough);
         assert_eq!(toml.cache_of("tank/db"), CacheMode::Writeback);
+    }
+
+    #[test]
+    fn memory_exports_write_through_unless_they_say_otherwise() {
+        let args = ServeArgs {
+            export: vec![
+                "m=mem:1M".into(),
+                "n=mem:1M,cache=writeback".into(),
+                "f=/tmp/x".into(),
+            ],
+            cache: Some(CacheMode::Writeback),
+            ..Default::default()
+        };
+        let config = ServeConfig::resolve(&args).unwrap();
+        assert_eq!(config.cache_of("m"), CacheMode::Writethrough);
+        assert_eq!(config.cache_of("n"), CacheMode::Writeback);
+        assert_eq!(config.cache_of("f"), CacheMode::Writeback);
     }
 
     #[test]
