@@ -10,6 +10,10 @@ use parking_lot::{Condvar, Mutex};
 
 use super::shared_budget::{SharedBudget, Source};
 
+/// How long a reader waiting for the shared budget sleeps between tending
+/// the replies it holds for others (the write-back cache's pauses).
+const SHARED_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
+
 pub struct Budget {
     bytes_max: u64,
     requests_max: u32,
@@ -39,7 +43,9 @@ impl Budget {
     /// `make_progress` runs unlocked (the reader sends queued replies and
     /// reaps its own ring there); it returns false when all it can do is
     /// wait for other threads, and then this sleeps until a release.
-    pub fn acquire(&self, bytes: u64, mut make_progress: impl FnMut() -> bool) {
+    /// `tend` must not block: it releases what the thread holds for other
+    /// connections (see `acquire_shared`).
+    pub fn acquire(&self, bytes: u64, mut make_progress: impl FnMut() -> bool, tend: impl FnMut()) {
         assert!(
             bytes <= self.bytes_max,
             "request of {bytes} bytes exceeds the whole budget"
@@ -65,13 +71,20 @@ impl Budget {
             used.1 += 1;
             break;
         }
-        self.acquire_shared(bytes, make_progress);
+        self.acquire_shared(bytes, make_progress, tend);
     }
 
     /// Take `bytes` from the server-wide budget. Other connections' releases
     /// do not wake this reader, so it makes progress on its own requests
-    /// while it has any, and sleeps on the shared budget once it has none.
-    fn acquire_shared(&self, bytes: u64, mut make_progress: impl FnMut() -> bool) {
+    /// while it has any. Once it has none, it waits on the shared budget a
+    /// slice at a time and tends between slices: replies it holds for other
+    /// connections may be what holds the bytes it waits for.
+    fn acquire_shared(
+        &self,
+        bytes: u64,
+        mut make_progress: impl FnMut() -> bool,
+        mut tend: impl FnMut(),
+    ) {
         let Some((shared, source)) = &self.shared else {
             return;
         };
@@ -79,10 +92,14 @@ impl Budget {
             return;
         }
         while !shared.try_take(*source, bytes) {
-            if self.used.lock().1 <= 1 {
-                return shared.take(*source, bytes);
+            if self.used.lock().1 > 1 {
+                make_progress();
+                continue;
             }
-            make_progress();
+            if shared.take_within(*source, bytes, SHARED_WAIT_SLICE) {
+                return;
+            }
+            tend();
         }
     }
 
@@ -123,5 +140,36 @@ impl Budget {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_reader_with_nothing_in_flight_tends_while_it_waits_for_the_shared_budget() {
+        // Another source holds the shared budget with replies this thread
+        // holds for it: only tending them frees what this request needs.
+        let shared = Arc::new(SharedBudget::new(400, 100));
+        let other = Source::Address("10.0.0.9".parse().unwrap());
+        assert!(shared.try_take(other, 100));
+        assert!(shared.try_take(Source::Address("10.0.0.8".parse().unwrap()), 100));
+        assert!(shared.try_take(Source::Address("10.0.0.7".parse().unwrap()), 100));
+        assert!(shared.try_take(Source::Address("10.0.0.6".parse().unwrap()), 100));
+        let budget = Budget::new(1000, 8).within(Arc::clone(&shared), Source::Local);
+        let tended = Cell::new(0);
+        let tend = || {
+            tended.set(tended.get() + 1);
+            if tended.get() == 3 {
+                shared.give_back(other, 100);
+            }
+        };
+        budget.acquire(100, || panic!("nothing of ours to progress"), tend);
+        assert_eq!(tended.get(), 3);
+        assert_eq!(shared.used_bytes(), 400);
+        budget.release(100);
+        assert_eq!(shared.used_bytes(), 300);
     }
 }

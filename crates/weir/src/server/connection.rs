@@ -479,7 +479,21 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
         io::Cursor::new(negotiated.leftover).chain(socket),
     );
     let progress = || make_progress(&outbox, ring.as_ref(), pauses.as_ref());
-    let ended = requests(&mut reader, &volume, &session, &budget, &replier, &progress);
+    let tend = || {
+        if let Some(pauses) = pauses.as_ref() {
+            pauses.release_due();
+        }
+        outbox.drain_unless_busy();
+    };
+    let ended = requests(
+        &mut reader,
+        &volume,
+        &session,
+        &budget,
+        &replier,
+        &progress,
+        &tend,
+    );
     match ended {
         Ok(why) => tracing::debug!(peer, "connection closed: {why}"),
         Err(why) => tracing::warn!(peer, "dropping connection: {why}"),
@@ -507,8 +521,9 @@ fn requests<R: Read>(
     budget: &Budget,
     replier: &Replier,
     progress: &dyn Fn() -> bool,
+    tend: &dyn Fn(),
 ) -> Result<&'static str, String> {
-    let acquire = |bytes: u64| budget.acquire(bytes, progress);
+    let acquire = |bytes: u64| budget.acquire(bytes, progress, tend);
     loop {
         let mut raw = [0u8; REQUEST_HEADER_BYTES];
         match read_header(reader, &mut raw) {

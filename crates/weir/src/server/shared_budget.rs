@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -92,17 +93,22 @@ impl SharedBudget {
         true
     }
 
-    /// Take `bytes`, waiting for other connections to give some back.
-    pub fn take(&self, source: Source, bytes: u64) {
+    /// Take `bytes`, waiting up to `limit` for other connections to give
+    /// some back; false if they still do not fit.
+    pub fn take_within(&self, source: Source, bytes: u64, limit: Duration) -> bool {
         assert!(
             bytes <= self.source_bytes_max,
             "a request of {bytes} bytes exceeds one source's share"
         );
+        let deadline = Instant::now() + limit;
         let mut used = self.used.lock();
         while !self.fits(&used, source, bytes) {
-            self.changed.wait(&mut used);
+            if self.changed.wait_until(&mut used, deadline).timed_out() {
+                return false;
+            }
         }
         Self::take_locked(&mut used, source, bytes);
+        true
     }
 
     pub fn give_back(&self, source: Source, bytes: u64) {
@@ -132,7 +138,6 @@ impl SharedBudget {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::time::Duration;
 
     fn address(text: &str) -> Source {
         Source::Address(text.parse().unwrap())
@@ -166,15 +171,16 @@ mod tests {
     fn take_waits_until_another_connection_gives_back() {
         let budget = Arc::new(SharedBudget::new(400, 40));
         let a = address("10.0.0.1");
-        budget.take(a, 100);
+        assert!(budget.try_take(a, 100));
+        assert!(!budget.take_within(a, 50, Duration::from_millis(20)));
         let waiter = {
             let budget = Arc::clone(&budget);
-            std::thread::spawn(move || budget.take(a, 50))
+            std::thread::spawn(move || budget.take_within(a, 50, Duration::from_secs(60)))
         };
         std::thread::sleep(Duration::from_millis(50));
         assert!(!waiter.is_finished(), "the share is full");
         budget.give_back(a, 60);
-        waiter.join().unwrap();
+        assert!(waiter.join().unwrap());
         assert_eq!(budget.used_bytes(), 90);
     }
 }
