@@ -37,7 +37,7 @@ WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=3000 cargo test --release -p weir --lib every
 echo "== write-back cache torture test: 5000 seeds, optimised"
 WEIR_CACHE_SEEDS=5000 cargo test --release -p weir --lib every_seed_keeps_flushed_writes
 echo "== fuzz targets, briefly (scripts/fuzz.sh 600 runs each for ten minutes)"
-scripts/fuzz.sh 20
+scripts/fuzz.sh 10
 echo "== building the release binary for integration tests"
 cargo build --release
 export WEIR_BIN="$PWD/target/release/weir"
