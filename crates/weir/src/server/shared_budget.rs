@@ -65,10 +65,6 @@ impl SharedBudget {
         }
     }
 
-    pub fn bytes_max(&self) -> u64 {
-        self.bytes_max
-    }
-
     fn fits(&self, used: &Used, source: Source, bytes: u64) -> bool {
         let mine = used.by_source.get(&source).copied().unwrap_or(0);
         let total = used.total + bytes;

@@ -8,7 +8,7 @@
 //! ```
 
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -25,8 +25,6 @@ use super::tls_stream::TlsStream;
 pub struct Tls {
     pub mode: TlsMode,
     config: Arc<ServerConfig>,
-    /// Whether clients must present a certificate the CA signed.
-    pub verify_peer: bool,
 }
 
 impl Tls {
@@ -66,7 +64,6 @@ impl Tls {
         Ok(Tls {
             mode,
             config: Arc::new(config),
-            verify_peer,
         })
     }
 
@@ -90,11 +87,6 @@ impl Tls {
         socket.flush()?;
         Ok(Stream::Tls(Box::new(TlsStream::new(socket, session))))
     }
-}
-
-/// The default certificate directory: `tls` in the data directory.
-pub fn default_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("tls")
 }
 
 fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
