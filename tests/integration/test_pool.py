@@ -359,6 +359,77 @@ class Import(PoolTest):
         self.assertIn("state: ONLINE", out)
 
 
+    def loop_devices(self, path, count):
+        """`count` loop devices over one file: one disk reached by several
+        paths, as through multipath or from two hosts on a SAN."""
+        devices = []
+        for _ in range(count):
+            made = subprocess.run(["losetup", "--find", "--show", path], capture_output=True, text=True)
+            if made.returncode != 0:
+                self.skipTest(f"no loop devices here: {made.stderr.strip()}")
+            devices.append(made.stdout.strip())
+            self.addCleanup(subprocess.run, ["losetup", "--detach", devices[-1]])
+        return devices
+
+    def as_another_host(self, *args):
+        """Run weir in a mount and UTS namespace whose machine id and host
+        name are another machine's."""
+        fake = os.path.join(self.dir, "other-machine-id")
+        with open(fake, "w") as f:
+            f.write("0123456789abcdef0123456789abcdef\n")
+        script = ('for f in /etc/machine-id /var/lib/dbus/machine-id; do '
+                  '[ -e "$f" ] && mount --bind "$0" "$f"; done; hostname other-host; exec "$@"')
+        return subprocess.run(["unshare", "--mount", "--uts", "sh", "-c", script, fake, WEIR, *args],
+                              capture_output=True, text=True, timeout=120)
+
+    def test_a_member_reached_by_another_path_or_host_is_refused_while_its_holder_beats(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        a1, a2 = self.loop_devices(a, 2)
+        b1, b2 = self.loop_devices(b, 2)
+        self.weir("create", "tank", "mirror", a1, b1)
+        self.volume("create", "tank/disk", "--size", "16M")
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        with Weir("--data-dir", self.data) as w:
+            server_pid = w.proc.pid
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/disk"))
+            h.pwrite(b"\xab" * 65536, 0)
+            h.flush()
+            h.shutdown()
+            # Another path on this host: flock cannot see it, the stamp can.
+            same_host = run(WEIR, "pool", "import", a2, b2, "--data-dir", elsewhere, check=False)
+            self.assertNotEqual(same_host.returncode, 0)
+            self.assertIn(f"is held by weir process {server_pid} on host", same_host.stderr)
+            # Another host: refused, and --force watches the heartbeat go on.
+            other = self.as_another_host("pool", "import", a2, b2, "--data-dir", elsewhere)
+            self.assertNotEqual(other.returncode, 0)
+            self.assertIn(f"is held by weir process {server_pid}", other.stderr)
+            forced = self.as_another_host("pool", "import", a2, b2, "--force", "--data-dir", elsewhere)
+            self.assertNotEqual(forced.returncode, 0, forced.stdout)
+            self.assertIn("its heartbeat went on while we watched", forced.stderr)
+            self.assertIn("state: ONLINE", self.weir("status", "tank").stdout)
+            w.proc.kill()
+            w.proc.wait()
+        # The holder is gone. This host knows it at once (its pid is gone);
+        # another host needs --force and sees the heartbeat stand still.
+        third = os.path.join(self.dir, "third")
+        other = self.as_another_host("pool", "import", a2, b2, "--data-dir", third)
+        self.assertNotEqual(other.returncode, 0)
+        self.assertIn("--force takes the pool once the heartbeat is seen to stop", other.stderr)
+        forced = self.as_another_host("pool", "import", a2, b2, "--force", "--data-dir", third)
+        self.assertEqual(forced.returncode, 0, forced.stderr)
+        self.assertIn("state: ONLINE", forced.stdout)
+        self.assertIn(f"taking over from weir process {server_pid}", forced.stderr)
+        out = run(WEIR, "pool", "import", a2, b2, "--data-dir", elsewhere).stdout
+        self.assertIn("state: ONLINE", out)
+        # The flushed write is there through the other paths.
+        with Weir("--data-dir", elsewhere) as w2:
+            h = nbd.NBD()
+            h.connect_uri(w2.uri("tank/disk"))
+            self.assertEqual(h.pread(65536, 0), b"\xab" * 65536)
+            h.shutdown()
+
+
 class Replace(PoolTest):
     def test_a_vanished_member_is_faulted_writes_go_on_and_a_replacement_is_resilvered(self):
         a, b, c = (self.file(n, 512 * MIB) for n in ("a.img", "b.img", "c.img"))

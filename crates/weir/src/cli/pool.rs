@@ -39,6 +39,11 @@ pub struct ImportArgs {
     /// The pool's devices; members not given are registered as missing.
     #[arg(required = true, num_args = 1..)]
     devices: Vec<String>,
+    /// Take devices whose label names another weir as holder once its
+    /// heartbeat is seen to have stopped (a server that crashed on another
+    /// host). A holder whose heartbeat goes on is never taken.
+    #[arg(long)]
+    force: bool,
     #[arg(long, default_value = "./weir-data")]
     data_dir: PathBuf,
 }
@@ -118,7 +123,7 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Sched(args) => sched(&args),
         PoolCommand::ReadPolicy(args) => read_policy(&args),
         PoolCommand::Import(args) => {
-            let name = crate::pool::import::import_new(&args.devices, &args.data_dir)?;
+            let name = crate::pool::import::import_new(&args.devices, &args.data_dir, args.force)?;
             print!(
                 "{}",
                 crate::pool::status::status(Some(&name), &args.data_dir)?

@@ -72,7 +72,7 @@ pub fn create(
         };
         reserve_metadata(device.as_ref())
             .with_context(|| format!("cannot reserve space for the pool's metadata on {text}"))?;
-        write_labels(device.as_ref(), &label, &[0, 1])
+        write_labels(device.as_ref(), &label, None, &[0, 1])
             .with_context(|| format!("cannot label {text}"))?;
     }
     registry.pool.push(RegisteredPool {

@@ -14,6 +14,7 @@ use super::label::{choose, Label};
 use super::members::{read_labels, write_labels};
 use super::read_policy::ReadPolicy;
 use super::registry::{RegisteredPool, Registry, REGISTRY_FILE};
+use super::takeover::check_holders;
 use crate::device::{self, Device, DeviceSpec, IoEngine};
 use crate::sched::Mode;
 
@@ -108,10 +109,12 @@ impl Imported {
     }
 }
 
-/// Find a pool on `texts`: every device must carry a label of one pool.
+/// Find a pool on `texts`: every device must carry a label of one pool,
+/// and none may be held by another live process (takeover.rs; `force`
+/// takes devices whose holder's heartbeat is seen to have stopped).
 /// With `repair`, damaged or stale label copies of current members are
 /// rewritten (only when this process owns the data directory).
-pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
+pub fn import(texts: &[String], repair: bool, force: bool) -> anyhow::Result<Imported> {
     let mut opened = Vec::new();
     for text in texts {
         match open_member(text) {
@@ -122,6 +125,7 @@ pub fn import(texts: &[String], repair: bool) -> anyhow::Result<Imported> {
             Err(err) => tracing::warn!(device = text.as_str(), "skipping: {err:#}"),
         }
     }
+    check_holders(&opened, force)?;
     import_devices(texts, opened, repair)
 }
 
@@ -207,7 +211,7 @@ pub fn import_devices(
                 }
                 Some((text, device, label, stale)) => {
                     if repair && !stale.is_empty() {
-                        write_labels(device.as_ref(), label, stale)
+                        write_labels(device.as_ref(), label, None, stale)
                             .with_context(|| format!("cannot repair the label of {text}"))?;
                         repaired_labels.push(text.clone());
                     }
@@ -240,10 +244,10 @@ pub fn import_devices(
 /// carry (a registry lost, or disks moved from another machine). All must
 /// belong to one pool, and every mirror group needs a current member among
 /// them; members not given are registered as `missing:ID`, to be replaced.
-pub fn import_new(texts: &[String], data_dir: &Path) -> anyhow::Result<String> {
+pub fn import_new(texts: &[String], data_dir: &Path, force: bool) -> anyhow::Result<String> {
     let _lock = lock_data_dir(data_dir)?;
     let identities: Vec<String> = texts.iter().map(|t| identity(t)).collect();
-    let found = import(&identities, true)?;
+    let found = import(&identities, true, force)?;
     if let Some(why) = found.refused.first() {
         bail!("{why}");
     }
@@ -303,7 +307,8 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
 /// registry entry keeps.
 pub(super) fn import_entry(pool: &RegisteredPool, repair: bool) -> anyhow::Result<Imported> {
     let name = &pool.name;
-    let mut imported = import(&pool.devices, repair).with_context(|| format!("pool {name:?}"))?;
+    let mut imported =
+        import(&pool.devices, repair, false).with_context(|| format!("pool {name:?}"))?;
     // The devices at its paths could all carry another pool's labels now.
     let found_id = format!("{:032x}", imported.label.pool_id);
     if found_id != pool.id {

@@ -8,7 +8,8 @@
 //!           48 generation | 56 device bytes | 64 group, member | 68 groups, members per group
 //!           72 name length | 73 pool name (up to 64 bytes) | 137 flags (bit 0: this
 //!           device is being resilvered) | 140 member ids, 16 bytes each,
-//!           group by group | 4092 crc32c of bytes 0..4092
+//!           group by group | 3980 holder stamp (112 bytes, see holder.rs)
+//!           | 4092 crc32c of bytes 0..4092
 //! ```
 //!
 //! Two copies, at both ends of the device, so that neither a wiped
@@ -17,6 +18,8 @@
 //! generation wins and a stale or corrupt one is rewritten.
 
 use std::fmt;
+
+use super::holder::{Holder, STAMP_BYTES};
 
 /// Copies a mirror may have: the read selector holds sets of copies as
 /// bits of a `u64`, so that choosing allocates nothing on the read path.
@@ -30,8 +33,9 @@ const FLAGS_AT: usize = 137;
 const FLAG_RESILVERING: u8 = 1;
 const MEMBERS_AT: usize = 140;
 const CRC_AT: usize = LABEL_BYTES - 4;
-/// Member ids that fit between `MEMBERS_AT` and the checksum.
-pub const MEMBERS_MAX: usize = (CRC_AT - MEMBERS_AT) / 16;
+const STAMP_AT: usize = CRC_AT - STAMP_BYTES;
+/// Member ids that fit between `MEMBERS_AT` and the holder stamp.
+pub const MEMBERS_MAX: usize = (STAMP_AT - MEMBERS_AT) / 16;
 
 /// The shape of a pool: mirror groups striped together, each member a
 /// device id. Every group has the same number of copies.
@@ -134,7 +138,9 @@ pub fn label_offsets(device_bytes: u64) -> [u64; 2] {
 }
 
 impl Label {
-    pub fn encode(&self) -> Result<Vec<u8>, LabelError> {
+    /// The label's bytes, with `holder`'s stamp if a process holds the
+    /// device.
+    pub fn encode(&self, holder: Option<&Holder>) -> Result<Vec<u8>, LabelError> {
         self.layout.validate()?;
         if self.layout.place_of(self.device_id).is_none() {
             return Err(LabelError::Layout(
@@ -168,6 +174,9 @@ impl Label {
         for (i, id) in self.layout.groups.iter().flatten().enumerate() {
             let at = MEMBERS_AT + i * 16;
             b[at..at + 16].copy_from_slice(&id.to_be_bytes());
+        }
+        if let Some(holder) = holder {
+            holder.encode_into(&mut b[STAMP_AT..CRC_AT]);
         }
         let crc = crc32c::crc32c(&b[..CRC_AT]);
         b[CRC_AT..].copy_from_slice(&crc.to_be_bytes());
@@ -233,6 +242,11 @@ impl Label {
         }
         Ok(label)
     }
+}
+
+/// The holder stamp in label bytes that `Label::decode` accepted.
+pub fn decode_holder(b: &[u8]) -> Option<Holder> {
+    Holder::decode(b.get(STAMP_AT..CRC_AT)?)
 }
 
 /// What the two copies on one device say.

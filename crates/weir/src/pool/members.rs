@@ -3,12 +3,20 @@
 use std::io;
 
 use super::geometry::DeviceRegions;
-use super::label::{label_offsets, Label, LabelError, LABEL_BYTES};
+use super::holder::Holder;
+use super::label::{decode_holder, label_offsets, Label, LabelError, LABEL_BYTES};
 use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 
 /// Both label copies of `device`, each decoded or the reason it is not.
 /// An I/O error reading a copy counts as that copy being corrupt.
 pub fn read_labels(device: &dyn Device) -> [Result<Label, LabelError>; 2] {
+    read_stamped_labels(device).map(|copy| copy.map(|(label, _)| label))
+}
+
+/// Both label copies of `device` with the holder each names.
+pub fn read_stamped_labels(
+    device: &dyn Device,
+) -> [Result<(Label, Option<Holder>), LabelError>; 2] {
     let size_bytes = device.info().size_bytes;
     if size_bytes < 2 * LABEL_BYTES as u64 {
         return [0, 1].map(|_| Err(LabelError::TooSmall(size_bytes)));
@@ -22,17 +30,25 @@ pub fn read_labels(device: &dyn Device) -> [Result<Label, LabelError>; 2] {
             },
         );
         match (outcome.result, outcome.buf) {
-            (Ok(()), Some(buf)) => Label::decode(buf.as_slice()),
+            (Ok(()), Some(buf)) => {
+                Label::decode(buf.as_slice()).map(|label| (label, decode_holder(buf.as_slice())))
+            }
             _ => Err(LabelError::Corrupt),
         }
     })
 }
 
-/// Write the copies listed in `which` (0: start, 1: end), each made
-/// durable before the next, so a crash leaves at least one intact.
-pub fn write_labels(device: &dyn Device, label: &Label, which: &[usize]) -> io::Result<()> {
+/// Write the copies listed in `which` (0: start, 1: end), stamped with
+/// `holder`, each made durable before the next, so a crash leaves at
+/// least one intact.
+pub fn write_labels(
+    device: &dyn Device,
+    label: &Label,
+    holder: Option<&Holder>,
+    which: &[usize],
+) -> io::Result<()> {
     let bytes = label
-        .encode()
+        .encode(holder)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let offsets = label_offsets(device.info().size_bytes);
     for &copy in which {

@@ -5,6 +5,7 @@
 pub mod create;
 pub mod data_dir;
 pub mod geometry;
+pub mod holder;
 pub mod import;
 pub mod integrity;
 pub mod label;
@@ -17,6 +18,7 @@ pub mod registry;
 pub mod scrub;
 pub mod service;
 pub mod status;
+pub mod takeover;
 pub mod vacancy;
 pub mod volume_table;
 pub mod volumes;

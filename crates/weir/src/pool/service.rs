@@ -57,6 +57,9 @@ impl PoolService {
             caches: Mutex::new(Vec::new()),
             readaheads: Mutex::new(Vec::new()),
         };
+        for pool in &service.pools {
+            pool.keep_beating();
+        }
         for pool in service.pools.iter().filter(|_| resume_background) {
             pool.start_resilvers();
             pool.watch_labels();

@@ -18,6 +18,7 @@ use anyhow::{bail, Context};
 
 use super::label::{choose, LabelError};
 use super::members::read_labels;
+use super::takeover::check_named_holders;
 use crate::device::Device;
 
 /// Smaller devices cannot hold labels, metadata and useful data.
@@ -51,6 +52,8 @@ pub fn check_free(
             None => Ok(()),
         },
         _ if force => {
+            // Never another live server's member, --force or not.
+            check_named_holders(&[(text, device)], true)?;
             tracing::warn!(device = text, "overwriting an existing label (--force)");
             Ok(())
         }

@@ -18,7 +18,7 @@ fn mirror_label(device: u128, generation: u64) -> Label {
 #[test]
 fn labels_round_trip() {
     let label = mirror_label(21, 7);
-    let bytes = label.encode().unwrap();
+    let bytes = label.encode(None).unwrap();
     assert_eq!(bytes.len(), LABEL_BYTES);
     assert_eq!(Label::decode(&bytes).unwrap(), label);
     assert_eq!(label.layout.place_of(21), Some((1, 0)));
@@ -28,7 +28,7 @@ fn labels_round_trip() {
 fn the_resilvering_flag_round_trips_and_unknown_flags_are_refused() {
     let mut label = mirror_label(12, 3);
     label.resilvering = true;
-    let mut bytes = label.encode().unwrap();
+    let mut bytes = label.encode(None).unwrap();
     assert_eq!(Label::decode(&bytes).unwrap(), label);
     bytes[137] |= 0x80;
     let crc = crc32c::crc32c(&bytes[..LABEL_BYTES - 4]);
@@ -38,7 +38,7 @@ fn the_resilvering_flag_round_trips_and_unknown_flags_are_refused() {
 
 #[test]
 fn one_flipped_bit_makes_a_label_corrupt() {
-    let mut bytes = mirror_label(11, 1).encode().unwrap();
+    let mut bytes = mirror_label(11, 1).encode(None).unwrap();
     bytes[100] ^= 0x04;
     assert_eq!(Label::decode(&bytes), Err(LabelError::Corrupt));
     assert_eq!(
@@ -52,14 +52,16 @@ fn one_flipped_bit_makes_a_label_corrupt() {
 fn impossible_layouts_are_refused() {
     let mut label = mirror_label(11, 1);
     label.layout.groups = vec![vec![11, 12], vec![21]];
-    assert!(matches!(label.encode(), Err(LabelError::Layout(_))));
+    assert!(matches!(label.encode(None), Err(LabelError::Layout(_))));
     label.layout.groups = vec![vec![11, 11]];
-    assert!(matches!(label.encode(), Err(LabelError::Layout(why)) if why.contains("twice")));
+    assert!(matches!(label.encode(None), Err(LabelError::Layout(why)) if why.contains("twice")));
     label.layout.groups = vec![vec![12, 13]];
-    assert!(matches!(label.encode(), Err(LabelError::Layout(why)) if why.contains("own layout")));
+    assert!(
+        matches!(label.encode(None), Err(LabelError::Layout(why)) if why.contains("own layout"))
+    );
     label.layout.groups = vec![vec![11]];
     label.pool_name = "x".repeat(65);
-    assert!(label.encode().is_err());
+    assert!(label.encode(None).is_err());
 }
 
 #[test]
@@ -88,4 +90,33 @@ fn the_newer_valid_copy_wins_and_the_other_is_stale() {
 fn copies_sit_at_both_ends() {
     assert_eq!(label_offsets(1 << 30), [0, (1 << 30) - 4096]);
     assert_eq!(label_offsets(10_000), [0, 4096]);
+}
+
+#[test]
+fn a_holder_stamp_rides_beside_the_largest_layout_without_touching_it() {
+    let ids: Vec<u128> = (1..=MEMBERS_MAX as u128).collect();
+    let label = Label {
+        device_id: 1,
+        layout: Layout {
+            groups: ids.chunks(2).map(<[u128]>::to_vec).collect(),
+        },
+        ..mirror_label(11, 2)
+    };
+    let holder = crate::pool::holder::Holder {
+        machine_id: u128::MAX,
+        boot_id: u128::MAX,
+        pid_namespace: u64::MAX,
+        pid: u32::MAX,
+        interval_ms: 5000,
+        beat: u64::MAX,
+        host: "h".repeat(80),
+    };
+    let bytes = label.encode(Some(&holder)).unwrap();
+    assert_eq!(Label::decode(&bytes).unwrap(), label);
+    let stamp = decode_holder(&bytes).expect("stamped");
+    assert_eq!(stamp.beat, u64::MAX);
+    assert!(stamp.same_holder(&holder));
+    let bare = label.encode(None).unwrap();
+    assert_eq!(decode_holder(&bare), None);
+    assert_eq!(Label::decode(&bare).unwrap(), label);
 }

@@ -246,6 +246,15 @@ impl PoolData {
 
     /// Write every in-service member's labels from `config` (both copies).
     pub(super) fn write_member_labels(&self, config: &Label) -> io::Result<()> {
+        self.rewrite_member_labels(config)?;
+        self.note_generation(config.generation);
+        Ok(())
+    }
+
+    /// `write_member_labels` for a configuration already recorded: the
+    /// stamp changes, the generation does not.
+    pub(super) fn rewrite_member_labels(&self, config: &Label) -> io::Result<()> {
+        let stamp = self.stamp();
         let mut failure = None;
         for (g, group) in self.groups.iter().enumerate() {
             for (m, slot) in group.slots.iter().enumerate() {
@@ -253,21 +262,29 @@ impl PoolData {
                 let Some(attached) = slot.attached().filter(|_| health != Health::Faulted) else {
                     continue;
                 };
-                let label = Label {
-                    device_id: config.layout.groups[g][m],
-                    device_bytes: attached.device().info().size_bytes,
-                    resilvering: health == Health::Resilvering,
-                    ..config.clone()
-                };
-                if let Err(err) = write_labels(attached.device(), &label, &[0, 1]) {
+                let label = member_label(config, g, m, attached.device(), health);
+                if let Err(err) = write_labels(attached.device(), &label, stamp.as_ref(), &[0, 1]) {
                     failure.get_or_insert(err);
                 }
             }
         }
-        if failure.is_none() {
-            self.note_generation(config.generation);
-        }
         failure.map_or(Ok(()), Err)
+    }
+}
+
+/// The label member `m` of group `g` carries under `config`.
+pub(super) fn member_label(
+    config: &Label,
+    g: usize,
+    m: usize,
+    device: &dyn crate::device::Device,
+    health: Health,
+) -> Label {
+    Label {
+        device_id: config.layout.groups[g][m],
+        device_bytes: device.info().size_bytes,
+        resilvering: health == Health::Resilvering,
+        ..config.clone()
     }
 }
 

@@ -1,15 +1,17 @@
 //! Watching members' labels while the pool serves: a label copy damaged
 //! under the running server is rewritten; a member whose labels are both
-//! gone (the device overwritten or truncated) is faulted at once rather
-//! than found at the next start.
+//! gone (the device overwritten or truncated), or that another process
+//! has stamped as its own (taken over, from another host or through
+//! another path), is faulted at once rather than found at the next start.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use super::health::member_label;
 use super::{Health, PoolData};
 use crate::pool::label::Label;
-use crate::pool::members::{read_labels, write_labels};
+use crate::pool::members::{read_stamped_labels, write_labels};
 
 /// How often each member's labels are read: two 4 KiB reads per member.
 const LABEL_CHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -27,13 +29,21 @@ impl PoolData {
                 let Some(attached) = slot.attached() else {
                     continue;
                 };
-                let expected = Label {
-                    device_id: config.layout.groups[g][m],
-                    device_bytes: attached.device().info().size_bytes,
-                    resilvering: slot.health() == Health::Resilvering,
-                    ..config.clone()
-                };
-                let found = read_labels(attached.device());
+                let expected = member_label(&config, g, m, attached.device(), slot.health());
+                let found = read_stamped_labels(attached.device());
+                let taker = found
+                    .iter()
+                    .filter_map(|copy| copy.as_ref().ok().and_then(|(_, stamp)| stamp.as_ref()))
+                    .find(|stamp| self.is_foreign(stamp));
+                if let Some(taker) = taker {
+                    self.fault(
+                        g,
+                        m,
+                        &format!("it was taken over by weir {}", taker.describe()),
+                    );
+                    continue;
+                }
+                let found = found.map(|copy| copy.map(|(label, _)| label));
                 // A fault or replace may have moved the generation since
                 // `config` was taken: only older or damaged copies count.
                 let behind = |copy: &Result<Label, _>| match copy {
@@ -58,7 +68,10 @@ impl PoolData {
                         member = m,
                         "rewriting a damaged label copy"
                     );
-                    if let Err(err) = write_labels(attached.device(), &expected, &bad) {
+                    let stamp = self.stamp();
+                    if let Err(err) =
+                        write_labels(attached.device(), &expected, stamp.as_ref(), &bad)
+                    {
                         self.note_write_error(g, m, &err);
                     }
                 }

@@ -16,6 +16,7 @@
 //!                  the member (labels of the others move to a new generation)
 //!     repair.rs:   scrub one chunk; replace a member and resilver onto it
 //!     labels.rs:   members' labels re-read while serving
+//!     heartbeat.rs: this process's stamp in the labels, beaten while open
 //!     status.rs:   `pool status` and /metrics, live
 //! ```
 //!
@@ -26,6 +27,7 @@
 
 mod flush_queue;
 mod health;
+mod heartbeat;
 mod io_ops;
 mod labels;
 mod log_commit;
@@ -182,6 +184,12 @@ pub struct PoolData {
     opened: std::time::Instant,
     /// The data directory whose registry remembers each new generation.
     registry_dir: Mutex<Option<std::path::PathBuf>>,
+    /// This process as the holder its members' labels name.
+    holder: crate::pool::holder::Holder,
+    /// Heartbeats written; the stamp's beat.
+    beats: AtomicU64,
+    /// Set once a clean close has cleared the stamps.
+    released: AtomicBool,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -332,9 +340,13 @@ impl PoolData {
             sched: Mutex::new(pool.sched),
             opened: std::time::Instant::now(),
             registry_dir: Mutex::new(None),
+            holder: crate::pool::takeover::this_process(),
+            beats: AtomicU64::new(0),
+            released: AtomicBool::new(false),
         });
         // Sealed before recovery writes anything the absent members miss.
         data.seal_membership()?;
+        data.hold();
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
         }
@@ -496,5 +508,6 @@ impl Drop for PoolData {
                 tracing::warn!(pool = self.name, error = %err, "unclean close: the next open recovers");
             }
         }
+        self.release();
     }
 }

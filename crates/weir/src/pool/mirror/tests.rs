@@ -66,7 +66,7 @@ impl Fixture {
                 layout: layout.clone(),
                 resilvering: false,
             };
-            write_labels(disk.as_ref(), &label, &[0, 1]).expect("label");
+            write_labels(disk.as_ref(), &label, None, &[0, 1]).expect("label");
         }
         Fixture {
             disks,

@@ -16,6 +16,9 @@
 //!   the server and returns stale (it is rebuilt, a chunk per step, while
 //!   the workload goes on);
 //! - a file system that fills under a member (ENOSPC) and frees up;
+//! - heartbeats rewriting the first label copy between all of these, and
+//!   a member another process stamps as its own (taken over from another
+//!   host), which the label check faults and a replacement rebuilds;
 //! - scrub steps between the operations.
 //!
 //! After the faults stop, a scrub must make every copy identical and
@@ -41,8 +44,12 @@ use super::disk::{Gate, SimDisk, SECTOR};
 use super::{any_copy, Fixture, DISK_BYTES};
 use crate::device::Device;
 use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
+use crate::pool::holder::Holder;
 use crate::pool::integrity::BlockSum;
+use crate::pool::label::choose;
+use crate::pool::members::{read_labels, write_labels};
 use crate::pool::mirror::{Health, PoolData, BLOCKS_PER_CHUNK, DATA_BLOCK_BYTES};
+use crate::pool::takeover::this_process;
 use crate::rng::Rng;
 use crate::sched::IoClass;
 
@@ -743,7 +750,7 @@ impl Run {
 
     fn step(&mut self) -> Result<(), String> {
         let quiet = self.vanished.is_none() && self.absent.is_none() && self.rebuilding.is_none();
-        match self.rng.below(120) {
+        match self.rng.below(124) {
             0..=35 => {
                 let (first, count) = self.random_range(32);
                 let data = self.random_data(count);
@@ -804,6 +811,13 @@ impl Run {
             }
             111 => self.free_space()?,
             112..=114 if self.vanished.is_none() => self.write_across_flushes()?,
+            120..=122 => {
+                self.pool().beat();
+                self.history.push("heartbeat".into());
+            }
+            123 if quiet && !self.data_faults && self.replacements == 0 => {
+                self.take_over_member()?
+            }
             115..=119 => {
                 let group = self.rng.below(self.pool().groups() as u64) as usize;
                 let chunk = self.rng.below(self.pool().chunks_per_group());
@@ -817,6 +831,37 @@ impl Run {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// Another process stamps a member's label as its own, as a server on
+    /// another host that reaches the same disk would: the label check must
+    /// fault the member at once, and it is then replaced like a vanished one.
+    fn take_over_member(&mut self) -> Result<(), String> {
+        let group = self.rng.below(self.pool().groups() as u64) as usize;
+        let member = self.rng.below(self.fixture.copies as u64) as usize;
+        let disk = Arc::clone(&self.fixture.disks[self.disk_of(group, member)]);
+        let label = choose(read_labels(disk.as_ref()))
+            .map_err(|e| format!("the member's label: {e}"))?
+            .label;
+        let me = this_process();
+        let other = Holder {
+            machine_id: me.machine_id ^ 1,
+            host: "elsewhere".into(),
+            ..me
+        };
+        let copy = self.rng.below(2) as usize;
+        write_labels(disk.as_ref(), &label, Some(&other), &[copy])
+            .map_err(|e| format!("stamping failed: {e}"))?;
+        self.pool().check_labels();
+        let health = self.pool().groups[group].slots[member].health();
+        if health != Health::Faulted {
+            return Err(format!("a member taken over stayed {}", health.name()));
+        }
+        self.vanished = Some((group, member));
+        self.history.push(format!(
+            "taken over (label copy {copy}): group {group} member {member}"
+        ));
         Ok(())
     }
 
