@@ -539,7 +539,9 @@ class Replace(PoolTest):
         with Weir("--data-dir", self.data, "--admin", "127.0.0.1:0") as w:
             self.assertEqual(os.stat(os.path.join(self.data, "admin.token")).st_mode & 0o777, 0o600)
             with open(os.path.join(self.data, "admin.addr")) as f:
-                host, port = f.read().strip().rsplit(":", 1)
+                lines = f.read().split()
+            self.assertTrue(lines[0].startswith("unix:"), lines)
+            host, port = lines[1].removeprefix("http://").rsplit(":", 1)
             refusals = [
                 ({}, False, 401),
                 ({"Authorization": "Bearer wrong"}, False, 401),
@@ -548,9 +550,10 @@ class Replace(PoolTest):
             ]
             for headers, token, expected in refusals:
                 status, body = admin_call(self.data, "POST", "/v1/sched?pool=tank&mode=zfs",
-                                          headers=headers, token=token)
+                                          headers=headers, token=token, tcp=True)
                 self.assertEqual(status, expected, (headers, body))
-            self.assertEqual(admin_call(self.data, "GET", "/metrics", token=False)[0], 401)
+            self.assertEqual(admin_call(self.data, "GET", "/metrics", token=False, tcp=True)[0], 401)
+            self.assertEqual(admin_call(self.data, "GET", "/metrics", tcp=True)[0], 200)
             with open(os.path.join(self.data, "pools.toml")) as f:
                 self.assertNotIn("zfs", f.read())
             # Bytes that are not HTTP get 400 or a closed connection, never a dead endpoint.
@@ -561,9 +564,10 @@ class Replace(PoolTest):
                     self.assertTrue(answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer)
             # Requests at once are answered at once, each on its own.
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                statuses = list(pool.map(lambda _: admin_call(self.data, "GET", "/v1/status")[0], range(32)))
+                statuses = list(pool.map(lambda _: admin_call(self.data, "GET", "/v1/status", tcp=True)[0],
+                                         range(32)))
             self.assertTrue(set(statuses) <= {200, 503} and statuses.count(200) >= 8, statuses)
-            # The CLI's own calls carry the token.
+            # The CLI uses the Unix socket, which stays open beside TCP.
             self.assertIn("zfs", self.weir("sched", "tank", "zfs").stdout)
             self.assertEqual(w.stop(), 0)
         self.assertFalse(os.path.exists(os.path.join(self.data, "admin.token")))
@@ -572,7 +576,7 @@ class Replace(PoolTest):
                                   "--data-dir", other, "--admin", "0.0.0.0:0"],
                                  capture_output=True, text=True, timeout=60)
         self.assertNotEqual(refused.returncode, 0)
-        self.assertIn("loopback addresses only", refused.stderr)
+        self.assertIn("which is not loopback, only under TLS", refused.stderr)
 
 
 class Scrub(PoolTest):

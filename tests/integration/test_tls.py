@@ -8,6 +8,7 @@ stranger's CA signed. Directories follow the layout nbdkit and qemu use.
 import os
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
@@ -15,7 +16,7 @@ import unittest
 
 import nbd
 
-from weirtest import Weir, read_until_closed, recv_exact, run
+from weirtest import WEIR, Weir, admin_call, read_until_closed, recv_exact, run
 
 NBDMAGIC = 0x4E42444D41474943
 IHAVEOPT = 0x49484156454F5054
@@ -278,6 +279,40 @@ class SelectiveTlsAndAccess(TlsCase):
                              "--tls-certificates", certs("server"), *args, check=False, timeout=30)
                 self.assertNotEqual(result.returncode, 0)
                 self.assertIn(says, result.stderr)
+
+
+class AdminOverTls(TlsCase):
+    def test_the_admin_endpoint_on_tcp_speaks_only_tls_and_needs_the_token(self):
+        weir = self.serve("--tls", "on", "--admin", "127.0.0.1:0")
+        data = os.path.join(weir.dir, "weir-data")
+        with open(os.path.join(data, "admin.addr")) as f:
+            lines = f.read().split()
+        self.assertTrue(lines[0].startswith("unix:") and lines[1].startswith("https://127.0.0.1:"), lines)
+        host, port = lines[1].removeprefix("https://").rsplit(":", 1)
+        ca = os.path.join(certs("client"), "ca-cert.pem")
+        status, body = admin_call(data, "GET", "/metrics", tcp=True, cafile=ca)
+        self.assertEqual(status, 200)
+        self.assertIn("weir_", body)
+        self.assertEqual(admin_call(data, "GET", "/metrics", tcp=True, cafile=ca, token=False)[0], 401)
+        # A client that does not trust the server's CA never gets as far as HTTP.
+        with self.assertRaises(ssl.SSLError):
+            admin_call(data, "GET", "/metrics", tcp=True, cafile=os.path.join(CERTS.name, "stranger-cert.pem"))
+        # Plaintext HTTP to the TLS port gets no HTTP answer.
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            try:
+                while chunk := sock.recv(4096):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+            self.assertFalse(answer.startswith(b"HTTP/"), answer[:40])
+        # A client that connects and never starts the handshake is closed.
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            self.assertEqual(sock.recv(1), b"")
+        # The CLI keeps using the Unix socket.
+        self.assertIn("demo", run(WEIR, "pool", "status", "--data-dir", data).stdout)
+        self.assertTrue(weir.alive())
 
 
 if __name__ == "__main__":

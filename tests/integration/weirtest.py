@@ -4,6 +4,7 @@ import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -123,17 +124,23 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def admin_call(data_dir, method, path, headers=None, token=True):
+def admin_call(data_dir, method, path, headers=None, token=True, tcp=False, cafile=None):
     """(status, body) of one call to the admin endpoint of the server
-    holding `data_dir`: on its Unix socket, or on TCP with its token."""
+    holding `data_dir`: on its Unix socket, or with `tcp` on its TCP
+    address (HTTPS trusting `cafile` when it speaks TLS) with its token."""
     with open(os.path.join(data_dir, "admin.addr")) as f:
-        address = f.read().strip()
+        lines = f.read().split()
     headers = dict(headers or {})
-    if address.startswith("unix:"):
-        conn = UnixHTTPConnection(address[len("unix:"):])
+    if not tcp:
+        conn = UnixHTTPConnection(next(l for l in lines if l.startswith("unix:"))[len("unix:"):])
     else:
+        scheme, address = next(l for l in lines if l.startswith("http")).split("://", 1)
         host, port = address.rsplit(":", 1)
-        conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=30)
+        if scheme == "https":
+            context = ssl.create_default_context(cafile=cafile)
+            conn = http.client.HTTPSConnection(host.strip("[]"), int(port), timeout=30, context=context)
+        else:
+            conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=30)
         if token:
             with open(os.path.join(data_dir, "admin.token")) as f:
                 headers.setdefault("Authorization", "Bearer " + f.read().strip())

@@ -95,11 +95,27 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     };
     let (pools, pool_volumes) = weir::pool::volumes::open_all(&config.data_dir)?;
     let service = Arc::new(PoolService::new(&config.data_dir, pools, true));
+    let tls = match config.tls.setting {
+        TlsSetting::Off => None,
+        _ => {
+            let tls = &config.tls;
+            let loaded = Tls::load(tls.setting.mode(), &tls.certificates, tls.verify_peer)
+                .context("cannot set up TLS")?;
+            tracing::info!(
+                certificates = %tls.certificates.display(),
+                verify_peer = tls.verify_peer,
+                "TLS {:?}",
+                tls.setting
+            );
+            Some(loaded)
+        }
+    };
     let admin = match &config.admin {
         Some(listen) if !service.pools().is_empty() => Some(AdminEndpoint::start(
             listen,
             &config.data_dir,
             Arc::clone(&service),
+            tls.as_ref(),
         )?),
         _ => None,
     };
@@ -175,18 +191,8 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let first_export = exports[0].name.clone();
     let mut exports = Exports::new(exports, config.max_block_bytes)
         .with_in_flight_max(config.max_in_flight_bytes);
-    if config.tls.setting != TlsSetting::Off {
-        let tls = &config.tls;
-        exports = exports.with_tls(
-            Tls::load(tls.setting.mode(), &tls.certificates, tls.verify_peer)
-                .context("cannot set up TLS")?,
-        );
-        tracing::info!(
-            certificates = %tls.certificates.display(),
-            verify_peer = tls.verify_peer,
-            "TLS {:?}",
-            tls.setting
-        );
+    if let Some(tls) = tls {
+        exports = exports.with_tls(tls);
     }
     let exports = Arc::new(exports);
 

@@ -1,6 +1,6 @@
 //! The CLI's side of the admin endpoint: find the running server of a data
-//! directory and ask it, on its Unix socket or on loopback TCP with its
-//! token.
+//! directory and ask it on its Unix socket, which the server opens
+//! whatever else it listens on.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -9,24 +9,20 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use super::{ADDRESS_FILE, TOKEN_FILE, UNIX_PREFIX};
+use super::{ADDRESS_FILE, UNIX_PREFIX};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// `/metrics` of a large pool is the longest answer; far below this.
 const BODY_BYTES_MAX: u64 = 64 << 20;
 
-enum Target {
-    Unix(PathBuf),
-    Tcp { addr: String, token: String },
-}
-
 /// A server's admin endpoint, found through its data directory.
 pub struct AdminClient {
-    target: Target,
+    socket: PathBuf,
 }
 
 impl AdminClient {
-    /// The endpoint of the server that holds `data_dir`.
+    /// The endpoint of the server that holds `data_dir`: its Unix socket,
+    /// the first line of `admin.addr`.
     pub fn for_data_dir(data_dir: &Path) -> anyhow::Result<AdminClient> {
         let path = data_dir.join(ADDRESS_FILE);
         let text = std::fs::read_to_string(&path).with_context(|| {
@@ -36,21 +32,13 @@ impl AdminClient {
                 path.display()
             )
         })?;
-        let address = text.trim();
-        let target = match address.strip_prefix(UNIX_PREFIX) {
-            Some(socket) => Target::Unix(socket.into()),
-            None => {
-                let token_path = data_dir.join(TOKEN_FILE);
-                let token = std::fs::read_to_string(&token_path).with_context(|| {
-                    format!("cannot read the admin token {}", token_path.display())
-                })?;
-                Target::Tcp {
-                    addr: address.to_string(),
-                    token: token.trim().to_string(),
-                }
-            }
-        };
-        Ok(AdminClient { target })
+        let socket = text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(UNIX_PREFIX))
+            .with_context(|| format!("{} names no Unix socket", path.display()))?;
+        Ok(AdminClient {
+            socket: socket.into(),
+        })
     }
 
     /// `METHOD path?query`; the body of a 200 answer, else the server's reason.
@@ -58,60 +46,17 @@ impl AdminClient {
         if !matches!(method, "GET" | "POST") {
             bail!("the admin endpoint takes GET and POST, not {method}");
         }
-        let (status, body) = match &self.target {
-            Target::Unix(socket) => call_unix(socket, method, path, query).with_context(|| {
-                format!(
-                    "cannot reach the server's admin endpoint at {}",
-                    socket.display()
-                )
-            })?,
-            Target::Tcp { addr, token } => call_tcp(addr, token, method, path, query)?,
-        };
+        let (status, body) = call_unix(&self.socket, method, path, query).with_context(|| {
+            format!(
+                "cannot reach the server's admin endpoint at {}",
+                self.socket.display()
+            )
+        })?;
         if status != 200 {
             bail!("{}", body.trim_end());
         }
         Ok(body)
     }
-}
-
-fn call_tcp(
-    addr: &str,
-    token: &str,
-    method: &str,
-    path: &str,
-    query: &[(&str, &str)],
-) -> anyhow::Result<(u16, String)> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(TIMEOUT))
-        .build()
-        .into();
-    let url = format!("http://{addr}{path}");
-    let pairs = query.iter().copied();
-    let bearer = format!("Bearer {token}");
-    let sent = if method == "GET" {
-        agent
-            .get(&url)
-            .header("Authorization", &bearer)
-            .query_pairs(pairs)
-            .call()
-    } else {
-        agent
-            .post(&url)
-            .header("Authorization", &bearer)
-            .query_pairs(pairs)
-            .send_empty()
-    };
-    let mut answer =
-        sent.with_context(|| format!("cannot reach the server's admin endpoint at {addr}"))?;
-    let status = answer.status().as_u16();
-    let body = answer
-        .body_mut()
-        .with_config()
-        .limit(BODY_BYTES_MAX)
-        .read_to_string()
-        .context("reading the admin endpoint's answer")?;
-    Ok((status, body))
 }
 
 /// One request over the Unix socket. ureq has no Unix-socket transport; a

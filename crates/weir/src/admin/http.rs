@@ -13,13 +13,21 @@ use std::time::Duration;
 const STOP_POLL: Duration = Duration::from_millis(100);
 /// Requests answered at once; more get 503 at once.
 const HANDLERS_MAX: usize = 8;
+/// A call not done by then is answered 504 and goes on in the server (a
+/// replace that checks a device's holder waits 11 s, far below this).
+const CALL_TIME_MAX: Duration = Duration::from_secs(30);
 
 /// What the endpoint listens on, and so what a request must show.
 pub enum Bound {
     /// The socket's mode admits only the server's user.
     Unix,
-    /// Requests name this address as their Host and carry the token.
-    Tcp { addr: SocketAddr, token: String },
+    /// Loopback TCP: requests name this address as their Host and carry
+    /// the token.
+    Loopback { addr: SocketAddr, token: String },
+    /// TCP under TLS: requests carry the token. The certificate ties the
+    /// name a client dialled to this server, so a rebound DNS name cannot
+    /// reach it and the Host needs no check.
+    Tls { token: String },
 }
 
 pub type Handler = Arc<dyn Fn(&Request) -> Response + Send + Sync>;
@@ -67,10 +75,12 @@ impl Request {
                 "requests from web pages (with an Origin header) are refused",
             ));
         }
-        let Bound::Tcp { addr, token } = bound else {
-            return None;
+        let (addr, token) = match bound {
+            Bound::Unix => return None,
+            Bound::Loopback { addr, token } => (Some(addr), token),
+            Bound::Tls { token } => (None, token),
         };
-        if let Some(host) = self.host.as_deref() {
+        if let (Some(addr), Some(host)) = (addr, self.host.as_deref()) {
             let port = addr.port().to_string();
             let (name, host_port) = host.rsplit_once(':').unwrap_or((host, ""));
             let local = matches!(name, "localhost" | "127.0.0.1" | "[::1]")
@@ -131,9 +141,20 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Serve until `stop` is set. Each request is answered on a thread of its
-/// own, at most `HANDLERS_MAX` at once; a request whose handler panics is
-/// answered 500 and logged, and the endpoint goes on.
+/// own, at most `HANDLERS_MAX` at once, within `CALL_TIME_MAX`; a request
+/// whose handler panics is answered 500 and logged, and the endpoint goes
+/// on.
 pub fn serve(server: tiny_http::Server, bound: Bound, stop: Arc<AtomicBool>, handle: Handler) {
+    serve_within(server, bound, stop, handle, CALL_TIME_MAX)
+}
+
+fn serve_within(
+    server: tiny_http::Server,
+    bound: Bound,
+    stop: Arc<AtomicBool>,
+    handle: Handler,
+    call_time_max: Duration,
+) {
     let busy = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         let incoming = match server.recv_timeout(STOP_POLL) {
@@ -174,18 +195,55 @@ pub fn serve(server: tiny_http::Server, bound: Bound, stop: Arc<AtomicBool>, han
         let spawned = std::thread::Builder::new()
             .name("weir-admin-call".into())
             .spawn(move || {
-                let response =
-                    catch_unwind(AssertUnwindSafe(|| handle(&request))).unwrap_or_else(|_| {
-                        tracing::error!(method = %request.method, path = %request.path,
-                            "admin request failed inside the server");
-                        Response::text(500, "the request failed inside the server; see its log\n")
-                    });
-                respond(incoming, response);
+                answer_within(incoming, request, handle, call_time_max);
                 done.fetch_sub(1, Ordering::SeqCst);
             });
         if let Err(err) = spawned {
             busy.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(error = %err, "admin endpoint: cannot start a thread for a request");
+        }
+    }
+}
+
+/// Run the handler on a thread of its own and answer with its response,
+/// or with 504 once `limit` has passed; either way, return only when the
+/// handler is done, so that it keeps its place among `HANDLERS_MAX`.
+fn answer_within(incoming: tiny_http::Request, request: Request, handle: Handler, limit: Duration) {
+    let (method, path) = (request.method.clone(), request.path.clone());
+    let (done, finished) = std::sync::mpsc::sync_channel(1);
+    let worker = std::thread::Builder::new()
+        .name("weir-admin-call".into())
+        .spawn(move || {
+            let response =
+                catch_unwind(AssertUnwindSafe(|| handle(&request))).unwrap_or_else(|_| {
+                    tracing::error!(method = %request.method, path = %request.path,
+                        "admin request failed inside the server");
+                    Response::text(500, "the request failed inside the server; see its log\n")
+                });
+            let _ = done.send(response);
+        });
+    if worker.is_err() {
+        respond(
+            incoming,
+            Response::text(503, "the server cannot start a thread for the request\n"),
+        );
+        return;
+    }
+    match finished.recv_timeout(limit) {
+        Ok(response) => respond(incoming, response),
+        Err(_) => {
+            tracing::warn!(%method, %path, "admin request still running after {} s: answered 504", limit.as_secs());
+            respond(
+                incoming,
+                Response::text(
+                    504,
+                    format!(
+                        "the request did not finish within {} s; it goes on in the server (see its log and `weir pool status`)\n",
+                        limit.as_secs()
+                    ),
+                ),
+            );
+            let _ = finished.recv();
         }
     }
 }
@@ -218,7 +276,7 @@ mod tests {
     }
 
     fn tcp(addr: &str) -> Bound {
-        Bound::Tcp {
+        Bound::Loopback {
             addr: addr.parse().unwrap(),
             token: "s3cret".into(),
         }
@@ -276,5 +334,67 @@ mod tests {
             ..Request::parse("GET", "/metrics")
         };
         assert_eq!(basic.refusal(&bound).map(|r| r.0), Some(401));
+    }
+
+    /// `METHOD path` over a Unix socket; the status of the answer.
+    fn status_of(socket: &std::path::Path, path: &str) -> u16 {
+        use std::io::{Read, Write};
+        let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_call_past_its_time_limit_is_answered_504_and_others_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("admin.sock");
+        let server = tiny_http::Server::http_unix(&socket).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        // The slow call blocks until the test lets it go: its 504 must
+        // come while it is still running.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let handler: Handler = Arc::new(move |request: &Request| {
+            if request.path == "/slow" {
+                let _ = released.lock().unwrap().recv();
+            }
+            Response::text(200, "done\n")
+        });
+        let serving = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                serve_within(
+                    server,
+                    Bound::Unix,
+                    stop,
+                    handler,
+                    Duration::from_millis(300),
+                )
+            })
+        };
+        assert_eq!(status_of(&socket, "/slow"), 504);
+        assert_eq!(status_of(&socket, "/fast"), 200);
+        release.send(()).unwrap();
+        stop.store(true, Ordering::SeqCst);
+        serving.join().unwrap();
+    }
+
+    #[test]
+    fn over_tls_any_host_may_be_named_but_the_token_and_no_origin_are_needed() {
+        let bound = Bound::Tls {
+            token: "s3cret".into(),
+        };
+        let named = with(Some("storage-7.example:10810"), None, Some("s3cret"));
+        assert_eq!(named.refusal(&bound), None);
+        let tokenless = with(Some("storage-7.example:10810"), None, None);
+        assert_eq!(tokenless.refusal(&bound).map(|r| r.0), Some(401));
+        let page = with(None, Some("https://example.com"), Some("s3cret"));
+        assert_eq!(page.refusal(&bound).map(|r| r.0), Some(403));
     }
 }

@@ -13,16 +13,19 @@
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
-//! By default it listens on `DATA_DIR/admin.sock`, which only the server's
-//! user can open. On a loopback TCP address instead, every request must
-//! carry `Authorization: Bearer TOKEN`, the token the server writes to
+//! It listens on `DATA_DIR/admin.sock`, which only the server's user can
+//! open. With a TCP address as well, every request there must carry
+//! `Authorization: Bearer TOKEN`, the token the server writes to
 //! `DATA_DIR/admin.token` (mode 0600) at start: another local user, or a web
-//! page the browser lets reach the port, does not have it. Where it listens
-//! is written to `DATA_DIR/admin.addr`, which is how the CLI finds it.
+//! page the browser lets reach the port, does not have it. TCP runs under
+//! TLS when the server has certificates, and without them only on loopback
+//! (tcp_front.rs). Where it listens is written to `DATA_DIR/admin.addr`,
+//! the Unix socket first, which is how the CLI finds it.
 
 pub mod client;
 pub mod http;
 pub mod iostat;
+mod tcp_front;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -38,11 +41,14 @@ use crate::config::AdminListen;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::service::{PoolService, ScrubAction};
 use crate::sched::Mode;
-use http::{Bound, Request, Response};
+use crate::server::tls::Tls;
+use http::{Bound, Handler, Request, Response};
 
 pub const ADDRESS_FILE: &str = "admin.addr";
 pub const TOKEN_FILE: &str = "admin.token";
 pub const SOCKET_FILE: &str = "admin.sock";
+/// The HTTP server behind the TCP front: requests through it need the token.
+const TCP_SOCKET_FILE: &str = "admin-tcp.sock";
 /// `admin.addr` names a Unix socket with this prefix.
 pub const UNIX_PREFIX: &str = "unix:";
 
@@ -50,9 +56,9 @@ pub const UNIX_PREFIX: &str = "unix:";
 /// files it wrote.
 pub struct AdminEndpoint {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
     files: Vec<PathBuf>,
-    /// Where it listens, as written to `admin.addr`.
+    /// Where it listens, as written to `admin.addr`, on one line.
     pub address: String,
 }
 
@@ -61,77 +67,90 @@ impl AdminEndpoint {
         listen: &AdminListen,
         data_dir: &Path,
         service: Arc<PoolService>,
+        tls: Option<&Tls>,
     ) -> anyhow::Result<AdminEndpoint> {
-        let mut files = Vec::new();
-        let (server, bound, address) = match listen {
-            AdminListen::Unix => {
-                let path = std::path::absolute(data_dir.join(SOCKET_FILE))?;
-                if path.exists() {
-                    if UnixStream::connect(&path).is_ok() {
-                        anyhow::bail!("{} is in use by another server", path.display());
-                    }
-                    std::fs::remove_file(&path)
-                        .with_context(|| format!("cannot replace {}", path.display()))?;
-                }
-                let server = tiny_http::Server::http_unix(&path).map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot listen on {} for the admin endpoint: {e}",
-                        path.display()
-                    )
-                })?;
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-                files.push(path.clone());
-                (
-                    server,
-                    Bound::Unix,
-                    format!("{UNIX_PREFIX}{}", path.display()),
-                )
-            }
-            AdminListen::Tcp(addr) => {
-                // A token keeps other local users and web pages out; it
-                // does not keep the network out, which could watch it go by.
-                if !addr.ip().is_loopback() {
-                    anyhow::bail!(
-                        "the admin endpoint listens on loopback addresses only (127.0.0.1, ::1) or on its Unix socket, not {addr}"
-                    );
-                }
-                let listener = std::net::TcpListener::bind(addr)
-                    .with_context(|| format!("cannot listen on {addr} for the admin endpoint"))?;
-                let addr = listener.local_addr()?;
-                let token = new_token()?;
-                let token_path = data_dir.join(TOKEN_FILE);
-                write_private(&token_path, &format!("{token}\n"))?;
-                files.push(token_path);
-                let server = tiny_http::Server::from_listener(listener, None)
-                    .map_err(|e| anyhow::anyhow!("admin endpoint on {addr}: {e}"))?;
-                (server, Bound::Tcp { addr, token }, addr.to_string())
-            }
-        };
-        let address_file = data_dir.join(ADDRESS_FILE);
-        write_private(&address_file, &format!("{address}\n"))?;
-        files.push(address_file);
         let stop = Arc::new(AtomicBool::new(false));
-        let thread_stop = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("weir-admin".into())
-            .spawn(move || {
-                let route = move |request: &Request| route(&service, request);
-                http::serve(server, bound, thread_stop, Arc::new(route));
-            })?;
-        tracing::info!(address, "admin endpoint listening");
-        Ok(AdminEndpoint {
+        let route: Handler = Arc::new(move |request: &Request| route(&service, request));
+        let mut endpoint = AdminEndpoint {
             stop,
-            thread: Some(thread),
-            files,
-            address,
-        })
+            threads: Vec::new(),
+            files: Vec::new(),
+            address: String::new(),
+        };
+        let socket = std::path::absolute(data_dir.join(SOCKET_FILE))?;
+        endpoint.serve_http(&socket, Bound::Unix, &route)?;
+        let mut lines = vec![format!("{UNIX_PREFIX}{}", socket.display())];
+        if let AdminListen::Tcp(addr) = listen {
+            // A token keeps other local users and web pages out; only TLS
+            // keeps the network from watching it go by.
+            if tls.is_none() && !addr.ip().is_loopback() {
+                anyhow::bail!(
+                    "the admin endpoint listens on {addr}, which is not loopback, only under TLS: \
+                     start with --tls on and certificates in --tls-certificates, \
+                     or use a loopback address (127.0.0.1, ::1) or the Unix socket"
+                );
+            }
+            let listener = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on {addr} for the admin endpoint"))?;
+            let addr = listener.local_addr()?;
+            let token = new_token()?;
+            let token_path = data_dir.join(TOKEN_FILE);
+            write_private(&token_path, &format!("{token}\n"))?;
+            endpoint.files.push(token_path);
+            let bound = match tls {
+                Some(_) => Bound::Tls { token },
+                None => Bound::Loopback { addr, token },
+            };
+            let inner = std::path::absolute(data_dir.join(TCP_SOCKET_FILE))?;
+            endpoint.serve_http(&inner, bound, &route)?;
+            let (tls, stop) = (tls.cloned(), Arc::clone(&endpoint.stop));
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            endpoint.threads.push(
+                std::thread::Builder::new()
+                    .name("weir-admin-tcp".into())
+                    .spawn(move || tcp_front::serve(listener, tls, inner, stop))?,
+            );
+            lines.push(format!("{scheme}://{addr}"));
+        }
+        let address_file = data_dir.join(ADDRESS_FILE);
+        write_private(&address_file, &(lines.join("\n") + "\n"))?;
+        endpoint.files.push(address_file);
+        endpoint.address = lines.join(" ");
+        tracing::info!(address = endpoint.address, "admin endpoint listening");
+        Ok(endpoint)
+    }
+
+    /// Answer HTTP on the Unix socket `path` (mode 0600), as `bound` says.
+    fn serve_http(&mut self, path: &Path, bound: Bound, route: &Handler) -> anyhow::Result<()> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                anyhow::bail!("{} is in use by another server", path.display());
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot replace {}", path.display()))?;
+        }
+        let server = tiny_http::Server::http_unix(path).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {} for the admin endpoint: {e}",
+                path.display()
+            )
+        })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        self.files.push(path.to_path_buf());
+        let (stop, route) = (Arc::clone(&self.stop), Arc::clone(route));
+        self.threads.push(
+            std::thread::Builder::new()
+                .name("weir-admin".into())
+                .spawn(move || http::serve(server, bound, stop, route))?,
+        );
+        Ok(())
     }
 }
 
 impl Drop for AdminEndpoint {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
         for file in &self.files {

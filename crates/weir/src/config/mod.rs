@@ -9,7 +9,7 @@
 //! max_in_flight = "2G"           # request bytes in flight, all clients together
 //! io_engine = "auto"             # auto | uring | threads
 //! log_level = "info"
-//! admin = "unix"                # DATA_DIR/admin.sock; or a loopback ADDR; "none"
+//! admin = "unix"                # DATA_DIR/admin.sock; or it and ADDR (TLS off: loopback only); "none"
 //! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
@@ -169,7 +169,7 @@ pub struct ServeArgs {
     /// Log level: error, warn, info, debug, trace [default: info; RUST_LOG overrides].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
-    /// Admin endpoint for pool commands and /metrics: "unix" (DATA_DIR/admin.sock, mode 0600), a loopback HOST:PORT (requests need the token in DATA_DIR/admin.token), or "none" [default: unix].
+    /// Admin endpoint for pool commands and /metrics: "unix" (DATA_DIR/admin.sock, mode 0600); HOST:PORT, the socket and TCP too, where requests need the token in DATA_DIR/admin.token, under TLS when --tls is on (and only then on a non-loopback address); or "none" [default: unix].
     #[arg(long, value_name = "ADDR")]
     pub admin: Option<String>,
     /// On SIGINT/SIGTERM, how long to wait for clients to read their last replies before closing their connections [default: 30].
@@ -306,7 +306,7 @@ impl ServeConfig {
             Some(AdminListen::Unix)
         } else {
             parse_listen(std::slice::from_ref(&admin_text))
-                .with_context(|| "the admin address (unix, a loopback HOST:PORT, or none)")?
+                .with_context(|| "the admin address (unix, HOST:PORT, or none)")?
                 .pop()
                 .map(AdminListen::Tcp)
         };
@@ -454,8 +454,8 @@ impl ServeConfig {
 pub enum AdminListen {
     /// `DATA_DIR/admin.sock`, its owner's only.
     Unix,
-    /// A loopback address; every request carries the token in
-    /// `DATA_DIR/admin.token`.
+    /// The socket, and this address, where every request carries the
+    /// token in `DATA_DIR/admin.token`; under TLS when the server has it.
     Tcp(SocketAddr),
 }
 

@@ -18,7 +18,7 @@ mod read_buffer;
 mod shared_budget;
 mod socket;
 mod spin_trial;
-mod stream;
+pub mod stream;
 pub mod tls;
 mod tls_stream;
 

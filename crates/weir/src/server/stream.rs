@@ -14,6 +14,11 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// A plain TCP connection.
+    pub fn tcp(socket: std::net::TcpStream) -> Stream {
+        Stream::Plain(Socket::Tcp(socket))
+    }
+
     fn socket(&self) -> &Socket {
         match self {
             Stream::Plain(s) => s,

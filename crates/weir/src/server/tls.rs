@@ -22,6 +22,7 @@ use super::stream::Stream;
 use super::tls_stream::TlsStream;
 
 /// The server's TLS settings, loaded once at start.
+#[derive(Clone)]
 pub struct Tls {
     pub mode: TlsMode,
     config: Arc<ServerConfig>,
