@@ -1,6 +1,7 @@
 //! This process's holder stamp in its members' labels (pool/holder.rs):
 //! written on both copies at open, beaten on the first copy while the
-//! pool is open, cleared on a clean close. A crash leaves the stamp; the
+//! pool is open (each beat reads both copies first), cleared on a clean
+//! close. A crash leaves the stamp; the
 //! next open judges it (pool/takeover.rs).
 
 use std::sync::atomic::Ordering;
@@ -8,8 +9,10 @@ use std::sync::{Arc, Weak};
 
 use super::health::member_label;
 use super::{Health, PoolData};
+use crate::device::Device;
 use crate::pool::holder::{Holder, BEAT_INTERVAL};
-use crate::pool::members::write_labels;
+use crate::pool::label::Label;
+use crate::pool::members::{read_stamped_labels, write_labels};
 
 impl PoolData {
     /// The stamp label writes carry now; None once the pool released its
@@ -55,6 +58,9 @@ impl PoolData {
                         continue;
                     };
                     let label = member_label(&config, g, m, attached.device(), health);
+                    if !self.labels_intact(attached.device(), &label) {
+                        continue;
+                    }
                     if let Err(err) = write_labels(attached.device(), &label, Some(&stamp), &[0]) {
                         failed.push((g, m, err));
                     }
@@ -76,6 +82,23 @@ impl PoolData {
         if let Err(err) = spawned {
             tracing::error!(pool = self.name, error = %err, "cannot start the heartbeat");
         }
+    }
+
+    /// Whether both label copies on `device` are `label` and no other
+    /// process's. A beat writes over the first copy only then: never over
+    /// a device truncated or overwritten behind the server, nor over
+    /// another holder's stamp, which the label check must see to fault
+    /// the member.
+    fn labels_intact(&self, device: &dyn Device, label: &Label) -> bool {
+        read_stamped_labels(device).iter().all(|copy| match copy {
+            Ok((found, stamp)) => {
+                found.pool_id == label.pool_id
+                    && found.device_id == label.device_id
+                    && found.generation == label.generation
+                    && stamp.as_ref().is_none_or(|s| !self.is_foreign(s))
+            }
+            Err(_) => false,
+        })
     }
 
     /// Whether `stamp`, found on a member, is another process's.

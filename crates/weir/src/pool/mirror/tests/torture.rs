@@ -853,6 +853,8 @@ impl Run {
         let copy = self.rng.below(2) as usize;
         write_labels(disk.as_ref(), &label, Some(&other), &[copy])
             .map_err(|e| format!("stamping failed: {e}"))?;
+        // A heartbeat before the check must not write over the stamp.
+        self.pool().beat();
         self.pool().check_labels();
         let health = self.pool().groups[group].slots[member].health();
         if health != Health::Faulted {
