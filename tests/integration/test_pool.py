@@ -5,6 +5,7 @@ damaged label copy, a missing member)."""
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import signal
 import socket
@@ -133,9 +134,43 @@ class Pools(PoolTest):
         self.assertIn("state: DEGRADED", out)
         self.assertRegex(out, rf"{b}\s+UNAVAIL")
         os.rename(a, a + ".gone")
-        result = self.weir("status", "tank", check=False)
-        self.assertNotEqual(result.returncode, 0)
-        self.assertIn("none of the devices could be opened", result.stderr)
+        out = self.weir("status", "tank").stdout
+        self.assertIn("state: UNAVAIL", out)
+        self.assertIn("none of its devices could be opened", out)
+
+
+    def test_a_pool_that_cannot_open_is_unavail_and_the_others_are_served(self):
+        a, b, c, d = (self.file(n) for n in ("a.img", "b.img", "c.img", "d.img"))
+        self.weir("create", "tank", "mirror", a, b)
+        self.weir("create", "broken", "mirror", c, d)
+        self.volume("create", "tank/disk", "--size", "16M")
+        self.volume("create", "broken/v", "--size", "16M")
+        for path in (c, d):
+            os.rename(path, path + ".gone")
+        listed = self.volume("list")
+        self.assertIn("tank/disk", listed.stdout)
+        self.assertIn("pool UNAVAIL, its volumes not listed", listed.stderr)
+        with Weir("--data-dir", self.data) as w:
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/disk"))
+            h.pwrite(b"\x5a" * 4096, 0)
+            h.flush()
+            self.assertEqual(h.pread(4096, 0), b"\x5a" * 4096)
+            h.shutdown()
+            missing = nbd.NBD()
+            with self.assertRaises(nbd.Error):
+                missing.connect_uri(w.uri("broken/v"))
+            status = self.weir("status").stdout
+            self.assertRegex(status, r"pool: broken\n state: UNAVAIL\nstatus: the pool cannot be opened: .*"
+                                     r"none of its devices could be opened")
+            self.assertRegex(status, r"pool: tank\n.*\n state: ONLINE")
+            metrics = fetch_metrics(self.data)
+            self.assertIn('weir_pool_state{pool="broken",state="UNAVAIL"} 1', metrics)
+            self.assertIn('weir_pool_state{pool="tank",state="ONLINE"} 1', metrics)
+            refused = run(WEIR, "scrub", "start", "broken", "--data-dir", self.data, check=False)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("pool broken is UNAVAIL", refused.stderr)
+            self.assertEqual(w.stop(), 0)
 
 
 class Volumes(PoolTest):
@@ -714,6 +749,8 @@ class Scrub(PoolTest):
             self.assertEqual(wrong, [], "every client read returned its data")
             metrics = fetch_metrics(self.data)
             self.assertRegex(metrics, r'weir_device_pieces_total\{[^}]*class="scrub"\} [1-9]')
+            floors = [float(m) for m in re.findall(r'weir_device_floor_share\{[^}]*class="scrub"\} (\S+)', metrics)]
+            self.assertTrue(floors and all(0 < f < 1 for f in floors), floors)
             run("qemu-img", "compare", "-f", "raw", "-F", "raw", src, w.uri("tank/disk"), timeout=120)
             self.assertEqual(w.stop(), 0)
 

@@ -93,8 +93,11 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let (pools, pool_volumes) = weir::pool::volumes::open_all(&config.data_dir)?;
-    let service = Arc::new(PoolService::new(&config.data_dir, pools, true));
+    let opened = weir::pool::volumes::open_all(&config.data_dir)?;
+    let pool_volumes = opened.volumes;
+    let service = Arc::new(
+        PoolService::new(&config.data_dir, opened.pools, true).with_unavailable(opened.unavailable),
+    );
     let tls = match config.tls.setting {
         TlsSetting::Off => None,
         _ => {
@@ -111,7 +114,7 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     let admin = match &config.admin {
-        Some(listen) if !service.pools().is_empty() => Some(AdminEndpoint::start(
+        Some(listen) if service.has_pools() => Some(AdminEndpoint::start(
             listen,
             &config.data_dir,
             Arc::clone(&service),

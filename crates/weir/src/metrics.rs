@@ -15,6 +15,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Every family weir reports: name (without `_total` for counters) and
 /// help, in the order they are written. The type comes from the samples.
 const FAMILIES: &[(&str, &str)] = &[
+    ("weir_pool_state", "1 for the pool's current state (ONLINE, DEGRADED, UNAVAIL: not opened, not served), 0 for the others."),
     ("weir_pool_repairs", "Blocks rewritten on a copy because it failed or returned bad data."),
     ("weir_member_state", "1 for the member's current state (ONLINE, RESILVERING, FAULTED), 0 for the others."),
     ("weir_member_reads", "Client reads the mirror sent to this member."),
@@ -30,6 +31,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("weir_device_errors", "I/Os that failed, by class."),
     ("weir_device_pieces", "Device operations sent for I/Os split into pieces, by class."),
     ("weir_device_in_flight", "I/Os submitted and not yet completed, by class."),
+    ("weir_device_floor_share", "Adaptive mode: the share of the device's time a background class is guaranteed beside client I/O."),
     ("weir_device_latency_seconds", "Submission to completion of device I/Os, queueing included, by class."),
     ("weir_volume_cache_dirty_bytes", "Bytes written to the volume's write-back cache and not yet to its devices."),
     ("weir_volume_failed", "1 once a write-back to the volume failed: every later write and FLUSH fails."),

@@ -28,7 +28,11 @@ pub(crate) fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
     if volatile {
         bail!("{text}: pools need devices that keep their data (a file, a block device, or a model with store=file:PATH)");
     }
-    device::open(&spec, false, IoEngine::Auto).with_context(|| format!("cannot open {text}"))
+    // A file's error names its path already.
+    device::open(&spec, false, IoEngine::Auto).map_err(|err| match spec {
+        DeviceSpec::File(_) => anyhow::Error::new(err).context("cannot open"),
+        _ => anyhow::Error::new(err).context(format!("cannot open {text}")),
+    })
 }
 
 /// The same device named twice, perhaps by different paths.
@@ -116,14 +120,24 @@ impl Imported {
 /// rewritten (only when this process owns the data directory).
 pub fn import(texts: &[String], repair: bool, force: bool) -> anyhow::Result<Imported> {
     let mut opened = Vec::new();
+    let mut skipped = Vec::new();
     for text in texts {
         match open_member(text) {
             Ok(device) => opened.push((text.clone(), device)),
             // Another server owns it: importing without it would serve the
             // pool degraded beside that server and let the copies diverge.
             Err(err) if in_use(&err) => return Err(err),
-            Err(err) => tracing::warn!(device = text.as_str(), "skipping: {err:#}"),
+            Err(err) => {
+                tracing::warn!(device = text.as_str(), "skipping: {err:#}");
+                skipped.push(format!("{err:#}"));
+            }
         }
+    }
+    if opened.is_empty() && !skipped.is_empty() {
+        bail!(
+            "none of its devices could be opened ({})",
+            skipped.join("; ")
+        );
     }
     check_holders(&opened, force)?;
     import_devices(texts, opened, repair)

@@ -44,6 +44,8 @@ pub struct PoolService {
     /// Write-back caches by export name (POOL/VOLUME for pool volumes).
     caches: Mutex<Vec<(String, Arc<dyn CacheReport>)>>,
     readaheads: Mutex<Vec<(String, Arc<dyn ReadaheadReport>)>>,
+    /// Registered pools that did not open, with the reason: UNAVAIL.
+    unavailable: Vec<(String, String)>,
 }
 
 impl PoolService {
@@ -56,6 +58,7 @@ impl PoolService {
             scrubs: Mutex::new(HashMap::new()),
             caches: Mutex::new(Vec::new()),
             readaheads: Mutex::new(Vec::new()),
+            unavailable: Vec::new(),
         };
         for pool in &service.pools {
             pool.keep_beating();
@@ -86,7 +89,21 @@ impl PoolService {
         service
     }
 
+    /// Show registered pools that did not open as UNAVAIL, with why.
+    pub fn with_unavailable(mut self, unavailable: Vec<(String, String)>) -> PoolService {
+        self.unavailable = unavailable;
+        self
+    }
+
+    /// Whether any pool is registered, open or not.
+    pub fn has_pools(&self) -> bool {
+        !self.pools.is_empty() || !self.unavailable.is_empty()
+    }
+
     pub fn pool(&self, name: &str) -> anyhow::Result<&Arc<PoolData>> {
+        if let Some((_, why)) = self.unavailable.iter().find(|(n, _)| n == name) {
+            bail!("pool {name} is UNAVAIL: {why}");
+        }
         self.pools
             .iter()
             .find(|p| p.name() == name)
@@ -130,11 +147,18 @@ impl PoolService {
     }
 
     pub fn status(&self, name: Option<&str>, verbose: bool) -> anyhow::Result<String> {
+        let mut out = String::new();
+        for (pool, why) in &self.unavailable {
+            if name.is_none_or(|n| n == pool) {
+                out.push_str(&crate::pool::status::unavailable_text(pool, why));
+                out.push('\n');
+            }
+        }
         let pools: Vec<&Arc<PoolData>> = match name {
+            Some(_) if !out.is_empty() => vec![],
             Some(name) => vec![self.pool(name)?],
             None => self.pools.iter().collect(),
         };
-        let mut out = String::new();
         for pool in pools {
             let scan = self
                 .scrub_status(pool.name())?
@@ -284,7 +308,11 @@ impl PoolService {
     /// Every pool's metrics, in the Prometheus/OpenMetrics text format.
     pub fn metrics(&self) -> String {
         let mut samples = Vec::new();
+        for (pool, _) in &self.unavailable {
+            crate::pool::status::state_samples(pool, "UNAVAIL", &mut samples);
+        }
         for pool in &self.pools {
+            crate::pool::status::state_samples(pool.name(), pool.state_name(), &mut samples);
             pool.metrics(&mut samples);
         }
         let caches = self.caches.lock();

@@ -32,9 +32,30 @@ pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
     }
     let mut out = String::new();
     for pool in pools {
-        render(&mut out, &import_entry(pool, repair)?);
+        match import_entry(pool, repair) {
+            Ok(imported) => render(&mut out, &imported),
+            Err(err) => out.push_str(&unavailable_text(&pool.name, &format!("{err:#}"))),
+        }
     }
     Ok(out)
+}
+
+/// The status of a registered pool that cannot be opened.
+pub fn unavailable_text(pool: &str, why: &str) -> String {
+    format!(
+        "  pool: {pool}\n state: UNAVAIL\nstatus: the pool cannot be opened: {why}\naction: make its devices available (or import it again) and restart weir; the other pools are served\n"
+    )
+}
+
+/// The pool's state as `weir_pool_state`: 1 for the current state.
+pub fn state_samples(pool: &str, state: &str, out: &mut Vec<crate::metrics::Sample>) {
+    for name in ["ONLINE", "DEGRADED", "UNAVAIL"] {
+        out.push(crate::metrics::Sample::gauge(
+            "weir_pool_state",
+            vec![("pool", pool.to_string()), ("state", name.to_string())],
+            f64::from(u8::from(name == state)),
+        ));
+    }
 }
 
 fn render(out: &mut String, pool: &Imported) {

@@ -152,47 +152,99 @@ pub fn delete(name: &str, data_dir: &Path) -> anyhow::Result<()> {
     write_table(&pool, &table)
 }
 
-/// Every registered pool, opened, and every volume of them named
-/// `POOL/NAME`, for serving. The caller holds the data directory's lock.
-pub type Opened = (
-    Vec<Arc<super::mirror::PoolData>>,
-    Vec<(String, Arc<dyn super::Store>)>,
-);
-
-pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
-    let mut pools = Vec::new();
-    let mut out: Vec<(String, Arc<dyn super::Store>)> = Vec::new();
-    for pool_name in crate::pool::registry::registered_pools(data_dir)? {
-        let pool = crate::pool::import::import_registered(&pool_name, data_dir, true)?;
-        let table = read_table(&pool)?;
-        let data = super::mirror::PoolData::open(&pool)
-            .with_context(|| format!("cannot open pool {pool_name:?}"))?;
-        data.record_generations_in(data_dir);
-        if data.state_name() != "ONLINE" {
-            tracing::warn!(
-                pool = pool_name,
-                state = data.state_name(),
-                "serving a pool that is not ONLINE; see weir pool status"
-            );
-        }
-        for entry in &table.volumes {
-            let volume = super::mirror::PoolVolume::new(Arc::clone(&data), entry)?;
-            out.push((format!("{pool_name}/{}", entry.name), Arc::new(volume)));
-        }
-        pools.push(data);
-    }
-    Ok((pools, out))
+/// Every registered pool that opens, every volume of them named
+/// `POOL/NAME`, and the pools that do not open with the reason. The
+/// caller holds the data directory's lock.
+pub struct Opened {
+    pub pools: Vec<Arc<super::mirror::PoolData>>,
+    pub volumes: Vec<(String, Arc<dyn super::Store>)>,
+    /// (pool, why): UNAVAIL, not served; the others are.
+    pub unavailable: Vec<(String, String)>,
 }
 
-/// Every volume of every registered pool (or of one).
+/// Open every registered pool for serving. A pool that cannot open is
+/// left out with its reason and the others are served: one pool's
+/// missing disks must not take down every other pool's volumes.
+pub fn open_all(data_dir: &Path) -> anyhow::Result<Opened> {
+    let mut opened = Opened {
+        pools: Vec::new(),
+        volumes: Vec::new(),
+        unavailable: Vec::new(),
+    };
+    for pool_name in crate::pool::registry::registered_pools(data_dir)? {
+        match open_one(&pool_name, data_dir, &mut opened.volumes) {
+            Ok(data) => opened.pools.push(data),
+            Err(err) => {
+                tracing::error!(
+                    pool = pool_name,
+                    "pool UNAVAIL, not served (the other pools are): {err:#}"
+                );
+                opened.unavailable.push((pool_name, format!("{err:#}")));
+            }
+        }
+    }
+    Ok(opened)
+}
+
+/// Open one pool and add its volumes to `volumes`.
+fn open_one(
+    pool_name: &str,
+    data_dir: &Path,
+    volumes: &mut Vec<(String, Arc<dyn super::Store>)>,
+) -> anyhow::Result<Arc<super::mirror::PoolData>> {
+    let pool = crate::pool::import::import_registered(pool_name, data_dir, true)?;
+    let table = read_table(&pool)?;
+    let data = super::mirror::PoolData::open(&pool)
+        .with_context(|| format!("cannot open pool {pool_name:?}"))?;
+    data.record_generations_in(data_dir);
+    if data.state_name() != "ONLINE" {
+        tracing::warn!(
+            pool = pool_name,
+            state = data.state_name(),
+            "serving a pool that is not ONLINE; see weir pool status"
+        );
+    }
+    let mut found = Vec::new();
+    for entry in &table.volumes {
+        let volume = super::mirror::PoolVolume::new(Arc::clone(&data), entry)?;
+        found.push((
+            format!("{pool_name}/{}", entry.name),
+            Arc::new(volume) as Arc<dyn super::Store>,
+        ));
+    }
+    volumes.extend(found);
+    Ok(data)
+}
+
+/// Every volume of every registered pool (or of one). A pool that cannot
+/// be opened is skipped with a warning, unless it is the one asked for.
 pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
     let mut out = format!("{:<40} {:>14} {:>8}\n", "NAME", "SIZE", "BLOCK");
-    for pool_name in crate::pool::registry::registered_pools(data_dir)? {
+    let registered = crate::pool::registry::registered_pools(data_dir)?;
+    if let Some(filter) = pool_filter.filter(|f| !registered.iter().any(|p| p == f)) {
+        bail!(
+            "no pool named {filter:?} in {}",
+            crate::pool::registry::Registry::path(data_dir).display()
+        );
+    }
+    for pool_name in registered {
         if pool_filter.is_some_and(|f| f != pool_name) {
             continue;
         }
-        let pool = crate::pool::import::import_registered(&pool_name, data_dir, false)?;
-        for v in read_table(&pool)?.volumes {
+        let table = crate::pool::import::import_registered(&pool_name, data_dir, false)
+            .and_then(|pool| read_table(&pool));
+        let table = match table {
+            Ok(table) => table,
+            Err(err) if pool_filter.is_none() => {
+                tracing::warn!(
+                    pool = pool_name,
+                    "pool UNAVAIL, its volumes not listed: {err:#}"
+                );
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        for v in table.volumes {
             let _ = writeln!(
                 out,
                 "{:<40} {:>14} {:>8}",

@@ -249,6 +249,13 @@ impl PoolData {
                         class_labels.clone(),
                         k.in_flight.load(Ordering::Relaxed) as f64,
                     ));
+                    if let Some((share, _)) = attached.queue.floor(class) {
+                        out.push(Sample::gauge(
+                            "weir_device_floor_share",
+                            class_labels.clone(),
+                            share,
+                        ));
+                    }
                     // Bucket i holds [2^i, 2^(i+1)) us: its upper bound in seconds.
                     let buckets = k
                         .latency_log2_us
