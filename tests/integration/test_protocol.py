@@ -476,6 +476,37 @@ class Startup(unittest.TestCase):
         err = self.serve_fails("--export", "a=/nonexistent/disk.img")
         self.assertIn("/nonexistent/disk.img", err)
 
+    def test_mistakes_on_the_command_line_are_named_not_ignored(self):
+        self.assertIn('unknown log level "foo"', self.serve_fails("--export", "a=mem:1M", "--log-level", "foo"))
+        with tempfile.TemporaryDirectory(prefix="weir-cli-") as tmp:
+            typo = os.path.join(tmp, "TYPO")
+            for cmd in (["pool", "status"], ["volume", "list"]):
+                result = subprocess.run([WEIR, *cmd, "--data-dir", typo], capture_output=True, text=True, timeout=30)
+                self.assertNotEqual(result.returncode, 0, cmd)
+                self.assertIn("does not exist: no pools are registered there", result.stderr)
+                self.assertFalse(os.path.exists(typo), "a read-only command made the directory")
+            # An --export named as a pool volume would hide one of them.
+            data = os.path.join(tmp, "data")
+            serve = [WEIR, "serve", "--listen", "none", "--socket", os.path.join(tmp, "w.sock"),
+                     "--admin", "none", "--data-dir", data]
+            with Weir("--data-dir", data, "--admin", "none") as w:
+                self.assertEqual(w.stop(), 0)  # the demo pool, demo/default, now exists
+            clash = subprocess.run([*serve, "--export", "demo/default=mem:1M"], capture_output=True, text=True,
+                                   timeout=30)
+            self.assertNotEqual(clash.returncode, 0)
+            self.assertIn('export "demo/default" is both an --export and a pool volume', clash.stderr)
+            # A socket alone serves only the socket: no TCP address is announced.
+            proc = subprocess.Popen([WEIR, "serve", "--socket", os.path.join(tmp, "only.sock"), "--admin", "none",
+                                     "--export", "a=mem:1M"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True)
+            try:
+                line = proc.stdout.readline()
+                self.assertIn("nbd+unix:///a?socket=", line)
+                self.assertNotIn("nbd://", line)
+            finally:
+                proc.terminate()
+                self.assertEqual(proc.wait(timeout=30), 0)
+
     def test_version_and_help(self):
         self.assertIn("weir", run(WEIR, "--version").stdout)
         self.assertIn("serve", run(WEIR, "help").stdout)

@@ -174,6 +174,14 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             spec.policy.clone(),
         ));
     }
+    if let Some((name, _)) = pool_volumes
+        .iter()
+        .find(|(name, _)| specs.iter().any(|spec| spec.name == *name))
+    {
+        anyhow::bail!(
+            "export {name:?} is both an --export and a pool volume; rename the export (clients could not tell which one they reach)"
+        );
+    }
     for (name, store) in pool_volumes {
         let store = cached(&name, store, false);
         let volume = Volume::new(read_ahead(&name, store), false);

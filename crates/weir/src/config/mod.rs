@@ -145,10 +145,10 @@ pub struct ServeArgs {
     /// TOML config file.
     #[arg(short, long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// TCP address to listen on (repeatable; "none" for no TCP) [default: 127.0.0.1:10809].
+    /// TCP address to listen on (repeatable; "none" for no TCP) [default: 127.0.0.1:10809, unless --socket is given].
     #[arg(short, long, value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// Also listen on this Unix socket.
+    /// Listen on this Unix socket (beside TCP only if --listen names an address).
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE...][,readonly-for=RULE...] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md); RULE is an address or network, or cert:NAME (docs/security.md).
@@ -166,7 +166,7 @@ pub struct ServeArgs {
     /// How file devices are driven [default: auto].
     #[arg(long, value_enum)]
     pub io_engine: Option<IoEngine>,
-    /// Log level: error, warn, info, debug, trace [default: info; RUST_LOG overrides].
+    /// Log level: off, error, warn, info, debug, trace, or TARGET=LEVEL directives [default: info; RUST_LOG overrides].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
     /// Admin endpoint for pool commands and /metrics: "unix" (DATA_DIR/admin.sock, mode 0600); HOST:PORT, the socket and TCP too, where requests need the token in DATA_DIR/admin.token, under TLS when --tls is on (and only then on a non-loopback address); or "none" [default: unix].
@@ -244,17 +244,20 @@ impl ServeConfig {
             Some(path) => load(path)?,
             None => FileConfig::default(),
         };
+        let socket = args.socket.clone().or(file.socket);
+        // A socket alone serves only the socket, as qemu-nbd -k and
+        // nbdkit -U do; the TCP default is for a server given neither.
         let listen_text: Vec<String> = if !args.listen.is_empty() {
             args.listen.clone()
         } else {
             match file.listen {
                 Some(OneOrMany::One(one)) => vec![one],
                 Some(OneOrMany::Many(many)) => many,
+                None if socket.is_some() => vec![],
                 None => vec![DEFAULT_LISTEN.to_string()],
             }
         };
         let listen = parse_listen(&listen_text)?;
-        let socket = args.socket.clone().or(file.socket);
         if listen.is_empty() && socket.is_none() {
             bail!("nothing to listen on: give --listen ADDR or --socket PATH");
         }
@@ -381,11 +384,12 @@ impl ServeConfig {
             max_block_bytes: max_block as u32,
             max_in_flight_bytes: max_in_flight,
             io_engine: args.io_engine.or(file.io_engine).unwrap_or_default(),
-            log_level: args
-                .log_level
-                .clone()
-                .or(file.log_level)
-                .unwrap_or_else(|| "info".into()),
+            log_level: check_log_level(
+                args.log_level
+                    .clone()
+                    .or(file.log_level)
+                    .unwrap_or_else(|| "info".into()),
+            )?,
             exports,
         })
     }
@@ -447,6 +451,26 @@ impl ServeConfig {
     fn volume(&self, name: &str) -> Option<&VolumeSettings> {
         self.volume_settings.iter().find(|v| v.name == name)
     }
+}
+
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// A level, or `TARGET=LEVEL` directives separated by commas. A bare word
+/// that is not a level would pass as a target name and silently hide every
+/// other line, so it is refused.
+fn check_log_level(text: String) -> anyhow::Result<String> {
+    for directive in text.split(',') {
+        let level = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        if !LOG_LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            bail!(
+                "unknown log level {directive:?} in {text:?}: want one of {} or TARGET=LEVEL",
+                LOG_LEVELS.join(", ")
+            );
+        }
+    }
+    Ok(text)
 }
 
 /// Where the admin endpoint listens.
@@ -765,6 +789,42 @@ mod tests {
             ..Default::default()
         };
         assert!(ServeConfig::resolve(&args).is_err());
+    }
+
+    #[test]
+    fn a_log_level_is_a_level_or_target_directives_never_a_bare_word() {
+        for good in ["info", "WARN", "off", "weir=debug,info", "weir::pool=trace"] {
+            let args = ServeArgs {
+                log_level: Some(good.into()),
+                ..Default::default()
+            };
+            assert_eq!(ServeConfig::resolve(&args).unwrap().log_level, good);
+        }
+        for bad in ["foo", "inf", "weir=loud", "info,verbose"] {
+            let args = ServeArgs {
+                log_level: Some(bad.into()),
+                ..Default::default()
+            };
+            let err = ServeConfig::resolve(&args).unwrap_err().to_string();
+            assert!(err.contains("unknown log level"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_socket_alone_serves_only_the_socket() {
+        let args = ServeArgs {
+            socket: Some("/tmp/w.sock".into()),
+            ..Default::default()
+        };
+        assert!(ServeConfig::resolve(&args).unwrap().listen.is_empty());
+        let both = ServeArgs {
+            socket: Some("/tmp/w.sock".into()),
+            listen: vec!["127.0.0.1:10809".into()],
+            ..Default::default()
+        };
+        assert_eq!(ServeConfig::resolve(&both).unwrap().listen.len(), 1);
+        let neither = ServeArgs::default();
+        assert_eq!(ServeConfig::resolve(&neither).unwrap().listen.len(), 1);
     }
 
     #[test]

@@ -219,6 +219,7 @@ fn open_one(
 /// Every volume of every registered pool (or of one). A pool that cannot
 /// be opened is skipped with a warning, unless it is the one asked for.
 pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
+    crate::pool::data_dir::check_exists(data_dir)?;
     let mut out = format!("{:<40} {:>14} {:>8}\n", "NAME", "SIZE", "BLOCK");
     let registered = crate::pool::registry::registered_pools(data_dir)?;
     if let Some(filter) = pool_filter.filter(|f| !registered.iter().any(|p| p == f)) {
