@@ -24,26 +24,28 @@ if [ ${#need_packages[@]} -gt 0 ]; then
   apt-get install -y -qq "${need_packages[@]}" >/dev/null
 fi
 
-echo "== cargo fmt --check"
+echo "== cargo fmt --check (at ${SECONDS}s)"
 cargo fmt --all -- --check
-echo "== module layout: no import circles"
+echo "== module layout: no import circles (at ${SECONDS}s)"
 /usr/bin/python3 scripts/import-graph.py
-echo "== cargo clippy"
+echo "== cargo clippy (at ${SECONDS}s)"
 cargo clippy --all-targets -- -D warnings
-echo "== unit tests"
+echo "== unit tests (at ${SECONDS}s)"
 cargo test --all
-echo "== pool torture test: 3000 more seeds, optimised"
-WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=3000 cargo test --release -p weir --lib every_seed_keeps_flushed_data
-echo "== write-back cache torture test: 5000 seeds, optimised"
-WEIR_CACHE_SEEDS=5000 cargo test --release -p weir --lib every_seed_keeps_flushed_writes
-echo "== fuzz targets, briefly (scripts/fuzz.sh 600 runs each for ten minutes)"
+# The test profile is optimised and keeps overflow checks: the same
+# binary as the unit tests, no second build.
+echo "== pool torture test: 2000 more seeds (at ${SECONDS}s)"
+WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=2000 cargo test -p weir --lib every_seed_keeps_flushed_data
+echo "== write-back cache torture test: 5000 seeds (at ${SECONDS}s)"
+WEIR_CACHE_SEEDS=5000 cargo test -p weir --lib every_seed_keeps_flushed_writes
+echo "== fuzz targets, briefly (at ${SECONDS}s; scripts/fuzz.sh 600 runs each for ten minutes)"
 scripts/fuzz.sh 10
-echo "== building the release binary for integration tests"
+echo "== building the release binary for integration tests (at ${SECONDS}s)"
 cargo build --release
 export WEIR_BIN="$PWD/target/release/weir"
-echo "== integration tests (real clients against $WEIR_BIN)"
+echo "== integration tests (at ${SECONDS}s; real clients against $WEIR_BIN)"
 cd tests/integration
 # libnbd's python module lives in Debian's python, not in pyenv's.
 PYENV_VERSION=system /usr/bin/python3 -W ignore::ResourceWarning -m unittest -v \
   test_clients test_protocol test_filesystem test_models test_pool test_durability test_cache test_readahead test_readme test_tls test_limits
-echo "== all tests passed"
+echo "== all tests passed (in ${SECONDS}s)"
