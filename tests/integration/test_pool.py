@@ -150,6 +150,10 @@ class Pools(PoolTest):
         listed = self.volume("list")
         self.assertIn("tank/disk", listed.stdout)
         self.assertIn("pool UNAVAIL, its volumes not listed", listed.stderr)
+        pools = self.weir("list").stdout.splitlines()
+        self.assertEqual([(l.split()[0], l.split()[-1]) for l in pools[1:]],
+                         [("broken", "UNAVAIL"), ("tank", "ONLINE")])
+        self.assertRegex(pools[2], r"tank\s+25\d\.\d MiB\s+16\.0 MiB\s+2\d\d\.\d MiB\s+6%\s+ONLINE")
         with Weir("--data-dir", self.data) as w:
             h = nbd.NBD()
             h.connect_uri(w.uri("tank/disk"))
@@ -167,6 +171,7 @@ class Pools(PoolTest):
             metrics = fetch_metrics(self.data)
             self.assertIn('weir_pool_state{pool="broken",state="UNAVAIL"} 1', metrics)
             self.assertIn('weir_pool_state{pool="tank",state="ONLINE"} 1', metrics)
+            self.assertEqual(self.weir("list").stdout.splitlines()[1:], pools[1:], "the server lists as offline")
             refused = run(WEIR, "scrub", "start", "broken", "--data-dir", self.data, check=False)
             self.assertNotEqual(refused.returncode, 0)
             self.assertIn("pool broken is UNAVAIL", refused.stderr)
@@ -486,6 +491,7 @@ class Replace(PoolTest):
             run("qemu-io", "-f", "raw", "-c", "write -P 0x22 32M 64M", "-c", "flush", uri)
             status = self.weir("status", "tank").stdout
             self.assertIn("state: DEGRADED", status)
+            self.assertIn("action: replace each FAULTED or UNAVAIL member: weir pool replace tank OLD NEW", status)
             state, (read, write, _, _, _) = self.status_row(status, spec_b)
             self.assertEqual(state, "FAULTED")
             self.assertGreater(write, 0)
@@ -494,9 +500,12 @@ class Replace(PoolTest):
 
             out = self.weir("replace", "tank", spec_b, c, "--wait")
             self.assertIn("resilver started", out.stdout)
+            self.assertEqual(out.stderr.strip().splitlines()[-1], "resilver: finished; pool ONLINE")
             status = self.weir("status", "tank").stdout
             self.assertIn("state: ONLINE", status)
-            self.assertEqual(self.status_row(status, c)[0], "ONLINE")
+            # The new member starts with no errors: the old one's were its own.
+            self.assertEqual(self.status_row(status, c), ("ONLINE", [0, 0, 0, 0, 0]))
+            self.assertIn("errors: none", status)
             run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 32M", "-c", "read -P 0x22 32M 64M", uri)
             self.assertEqual(w.stop(), 0)
         # The new copy holds what the surviving one holds (data region).
@@ -649,7 +658,20 @@ class Scrub(PoolTest):
             self.assertIn("# TYPE weir_device_latency_seconds histogram", metrics)
             self.assertRegex(metrics, r"weir_device_latency_seconds_sum\{[^}]*class=\"scrub\"\} [0-9.e-]+")
             self.assertRegex(metrics, r'weir_device_ops_total\{[^}]*class="scrub"\} [1-9]')
+            # The status says what happened and what to do; clear forgets it.
+            status = self.weir("status", "tank").stdout
+            self.assertIn("status: a member returned errors; each was corrected from another copy", status)
+            self.assertIn("then weir pool clear tank", status)
+            self.assertIn("errors: 1024 on its members", status)
+            self.assertIn("error counts of 1 member cleared", self.weir("clear", "tank", b).stdout)
+            status = self.weir("status", "tank").stdout
+            self.assertEqual(self.status_row(status, b)[1][:4], [0, 0, 0, 0])
+            self.assertNotIn("status:", status)
+            self.assertIn("errors: none", status)
+            self.assertNotEqual(self.weir("clear", "tank", "nosuch", check=False).returncode, 0)
             self.assertEqual(w.stop(), 0)
+        refused = self.weir("clear", "tank", check=False)
+        self.assertIn("error counts live in the running server", refused.stderr)
         with open(a, "rb") as fa, open(b, "rb") as fb:
             fa.seek(8 * MIB)
             fb.seek(8 * MIB)

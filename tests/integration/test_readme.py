@@ -61,6 +61,8 @@ class PoolsQuickStart(unittest.TestCase):
                     self.assertEqual(result.returncode, 0, f"{line}\n{result.stdout}\n{result.stderr}")
                     if words[1:3] == ["pool", "status"]:
                         self.assertIn("state: ONLINE", result.stdout)
+                    if words[1:3] == ["pool", "list"]:
+                        self.assertRegex(result.stdout, r"\ntank .* ONLINE\n")
                 self.assertIsNotNone(server, "the quick start starts a server")
                 # The volume it created is served.
                 listed = run("nbdinfo", "--list", f"nbd://{server[1]}").stdout

@@ -10,6 +10,8 @@
 //!  POST /v1/sched?pool=P&mode=fifo|zfs|adaptive   the device queues' mode
 //!  POST /v1/read-policy?pool=P&policy=pid|round-robin|least-pending|latency
 //!  GET  /v1/iostat                         per device and class counters (JSON)
+//!  GET  /v1/list                           pool list
+//!  POST /v1/clear?pool=P[&device=DEV]      forget members' error counts
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
@@ -227,6 +229,10 @@ fn route(service: &PoolService, request: &Request) -> Response {
             service.set_read_policy(pool, policy).map(Response::text_ok)
         }),
         ("GET", "/v1/iostat") => Ok(Response::json(service.iostat().to_string())),
+        ("GET", "/v1/list") => Ok(Response::text_ok(service.list())),
+        ("POST", "/v1/clear") => pool_param(request)
+            .and_then(|pool| service.clear(pool, request.param("device")))
+            .map(Response::text_ok),
         ("GET", "/metrics") => Ok(Response {
             status: 200,
             content_type: crate::metrics::CONTENT_TYPE,
@@ -235,7 +241,7 @@ fn route(service: &PoolService, request: &Request) -> Response {
         (
             _,
             "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
-            | "/v1/iostat" | "/metrics",
+            | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/metrics",
         ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };

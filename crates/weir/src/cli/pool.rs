@@ -24,6 +24,10 @@ pub enum PoolCommand {
     Create(CreateArgs),
     /// Show each pool (or one): state, members, error counters, scrub and resilver progress.
     Status(StatusArgs),
+    /// One line per pool: size, space its volumes reserve, free, health.
+    List(ListArgs),
+    /// Forget the error counts of every member of a pool, or of one, once their cause is dealt with.
+    Clear(ClearArgs),
     /// Put NEW in place of member OLD (failed or not) and resilver onto it.
     Replace(ReplaceArgs),
     /// Register the pool found on these devices by their labels (disks moved, or a registry lost).
@@ -90,8 +94,49 @@ pub struct StatusArgs {
     data_dir: PathBuf,
 }
 
+#[derive(Args)]
+pub struct ListArgs {
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct ClearArgs {
+    pool: String,
+    /// Only this member: its device spec as registered, or its device id.
+    device: Option<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
 pub fn main(command: PoolCommand) -> anyhow::Result<()> {
     match command {
+        PoolCommand::List(args) => {
+            let server_up = crate::pool::data_dir::try_lock_data_dir(&args.data_dir)?.is_none();
+            if server_up {
+                let client = AdminClient::for_data_dir(&args.data_dir)?;
+                print!("{}", client.call("GET", "/v1/list", &[])?);
+            } else {
+                print!("{}", crate::pool::list::offline(&args.data_dir)?);
+            }
+            Ok(())
+        }
+        PoolCommand::Clear(args) => {
+            let server_up = crate::pool::data_dir::try_lock_data_dir(&args.data_dir)?.is_none();
+            if !server_up {
+                anyhow::bail!(
+                    "no weir serve holds {}: error counts live in the running server and start at zero with it",
+                    args.data_dir.display()
+                );
+            }
+            let client = AdminClient::for_data_dir(&args.data_dir)?;
+            let mut query = vec![("pool", args.pool.as_str())];
+            if let Some(device) = &args.device {
+                query.push(("device", device.as_str()));
+            }
+            print!("{}", client.call("POST", "/v1/clear", &query)?);
+            Ok(())
+        }
         PoolCommand::Create(args) => {
             crate::pool::create::create(&args.name, &args.layout, args.force, &args.data_dir)?;
             print!(
@@ -188,6 +233,12 @@ fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyho
             if tty {
                 eprintln!();
             }
+            let state = status
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("state:"))
+                .unwrap_or("?")
+                .trim();
+            eprintln!("resilver: finished; pool {state}");
             return Ok(());
         }
         std::thread::sleep(PROGRESS_INTERVAL);

@@ -2,6 +2,7 @@
 //! (`SingleDevice`, a raw export); mirrored, checksummed pools implement
 //! the same `Store` trait later, so the volume and server do not change.
 
+pub mod advice;
 pub mod create;
 pub mod data_dir;
 pub mod geometry;
@@ -10,6 +11,7 @@ pub mod import;
 pub mod integrity;
 pub mod label;
 pub mod layout;
+pub mod list;
 mod members;
 pub mod mirror;
 pub mod progress;

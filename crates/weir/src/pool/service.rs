@@ -173,6 +173,45 @@ impl PoolService {
         Ok(out)
     }
 
+    /// `weir pool list` on the served pools and those that did not open.
+    pub fn list(&self) -> String {
+        let mut rows: Vec<crate::pool::list::Row> = self
+            .pools
+            .iter()
+            .map(|pool| crate::pool::list::Row {
+                name: pool.name().to_string(),
+                size_bytes: Some(pool.logical_bytes()),
+                allocated_bytes: Some(pool.allocated_bytes()),
+                health: pool.state_name().to_string(),
+            })
+            .collect();
+        rows.extend(
+            self.unavailable
+                .iter()
+                .map(|(name, _)| crate::pool::list::Row {
+                    name: name.clone(),
+                    size_bytes: None,
+                    allocated_bytes: None,
+                    health: "UNAVAIL".into(),
+                }),
+        );
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        crate::pool::list::render(&rows)
+    }
+
+    /// `weir pool clear`: forget members' error counts.
+    pub fn clear(&self, name: &str, device: Option<&str>) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        let cleared = pool
+            .clear_errors(device.map(identity).as_deref())
+            .or_else(|| pool.clear_errors(device))
+            .with_context(|| format!("pool {name} has no member {}", device.unwrap_or("")))?;
+        Ok(format!(
+            "pool {name}: error counts of {cleared} member{} cleared\n",
+            if cleared == 1 { "" } else { "s" }
+        ))
+    }
+
     /// The scrub's progress: live if one runs, else the last checkpoint.
     pub fn scrub_status(&self, name: &str) -> anyhow::Result<Option<Checkpoint>> {
         self.pool(name)?;

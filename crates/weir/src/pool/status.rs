@@ -65,6 +65,17 @@ fn render(out: &mut String, pool: &Imported) {
     let _ = writeln!(out, " state: {}", pool.state());
     let _ = writeln!(out, " sched: {}", pool.sched.name());
     let _ = writeln!(out, " reads: {}", pool.read_policy.name());
+    let resilvering = pool
+        .members
+        .iter()
+        .flatten()
+        .any(|m| m.1 == MemberState::Resilvering);
+    if let Some((status, action)) =
+        super::advice::advice(&label.pool_name, pool.state(), resilvering, 0)
+    {
+        let _ = writeln!(out, "status: {status}");
+        let _ = writeln!(out, "action: {action}");
+    }
     for why in &pool.refused {
         let _ = writeln!(out, "  note: not a member: {why}");
     }

@@ -33,7 +33,7 @@ fn members(pool: &Imported) -> anyhow::Result<Vec<(Arc<dyn Device>, DeviceRegion
 }
 
 /// The pool's logical space: each group as large as its smallest member.
-fn stripe(pool: &Imported) -> anyhow::Result<Stripe> {
+pub(super) fn stripe(pool: &Imported) -> anyhow::Result<Stripe> {
     let mut chunks_per_group = u64::MAX;
     for group in &pool.devices {
         for device in group.iter().flatten() {
@@ -197,6 +197,7 @@ fn open_one(
     let data = super::mirror::PoolData::open(&pool)
         .with_context(|| format!("cannot open pool {pool_name:?}"))?;
     data.record_generations_in(data_dir);
+    data.set_allocated_chunks(table.volumes.iter().map(|v| v.chunks).sum());
     if data.state_name() != "ONLINE" {
         tracing::warn!(
             pool = pool_name,

@@ -120,6 +120,34 @@ impl Group {
 }
 
 impl PoolData {
+    /// `weir pool clear`: forget the error counts of every member, or of
+    /// the one named; the number of members cleared.
+    pub fn clear_errors(&self, device: Option<&str>) -> Option<usize> {
+        let only = match device {
+            Some(name) => Some(self.find_member(name)?),
+            None => None,
+        };
+        let mut cleared = 0;
+        for (g, group) in self.groups.iter().enumerate() {
+            for (m, slot) in group.slots.iter().enumerate() {
+                if only.is_none_or(|place| place == (g, m)) {
+                    slot.counters.clear_errors();
+                    cleared += 1;
+                }
+            }
+        }
+        Some(cleared)
+    }
+
+    /// Errors counted on any member since it joined or was cleared.
+    pub fn error_count(&self) -> u64 {
+        self.groups
+            .iter()
+            .flat_map(|g| &g.slots)
+            .map(|s| s.counters.errors())
+            .sum()
+    }
+
     pub fn pool_id(&self) -> u128 {
         self.config.lock().pool_id
     }

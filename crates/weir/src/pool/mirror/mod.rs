@@ -110,6 +110,27 @@ struct MemberCounters {
     repaired: AtomicU64,
 }
 
+impl MemberCounters {
+    /// Forget the errors seen (`weir pool clear`); reads keep counting.
+    fn clear_errors(&self) {
+        for counter in [
+            &self.read_errors,
+            &self.write_errors,
+            &self.checksum_errors,
+            &self.repaired,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Errors seen since the member joined or was cleared.
+    fn errors(&self) -> u64 {
+        self.read_errors.load(Ordering::Relaxed)
+            + self.write_errors.load(Ordering::Relaxed)
+            + self.checksum_errors.load(Ordering::Relaxed)
+    }
+}
+
 /// One place in a mirror group, and the device (if any) that fills it.
 struct Slot {
     /// How the device was named (its registry entry), for status and replace.
@@ -190,6 +211,8 @@ pub struct PoolData {
     beats: AtomicU64,
     /// Set once a clean close has cleared the stamps.
     released: AtomicBool,
+    /// Logical chunks the volume table reserves, for `pool list`.
+    allocated_chunks: AtomicU64,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -343,6 +366,7 @@ impl PoolData {
             holder: crate::pool::takeover::this_process(),
             beats: AtomicU64::new(0),
             released: AtomicBool::new(false),
+            allocated_chunks: AtomicU64::new(0),
         });
         // Sealed before recovery writes anything the absent members miss.
         data.seal_membership()?;
@@ -438,6 +462,21 @@ impl PoolData {
     /// Checksum pages rewritten on a damaged copy since the pool was opened.
     pub fn metadata_repairs(&self) -> u64 {
         self.metadata_repairs.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of logical space: every group's data region.
+    pub fn logical_bytes(&self) -> u64 {
+        self.stripe.logical_bytes()
+    }
+
+    /// Bytes the pool's volumes reserve.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated_chunks.load(Ordering::Relaxed) * CHUNK_BYTES
+    }
+
+    /// Record what the volume table reserves (read when the pool opened).
+    pub fn set_allocated_chunks(&self, chunks: u64) {
+        self.allocated_chunks.store(chunks, Ordering::Relaxed);
     }
 
     pub fn groups(&self) -> usize {

@@ -328,6 +328,9 @@ impl PoolData {
             *slot.attached.write() = Some(Arc::clone(&attached));
             *slot.spec.write() = spec.to_string();
             slot.resilvered_chunks.store(0, Ordering::SeqCst);
+            // A new device: the old one's errors are not its own.
+            slot.counters.clear_errors();
+            slot.counters.reads.store(0, Ordering::Relaxed);
             slot.resilver_dirty_only.store(false, Ordering::SeqCst);
             *slot.resilver_started.lock() = Some(Instant::now());
             config.layout.groups[group][member] = new_id;

@@ -19,6 +19,13 @@ impl PoolData {
         let _ = writeln!(out, " state: {}", self.state_name());
         let _ = writeln!(out, " sched: {}", self.sched().name());
         let _ = writeln!(out, " reads: {}", self.read_policy().name());
+        let errors = self.error_count();
+        if let Some((status, action)) =
+            crate::pool::advice::advice(&self.name, self.state_name(), self.resilvering(), errors)
+        {
+            let _ = writeln!(out, "status: {status}");
+            let _ = writeln!(out, "action: {action}");
+        }
         if let Some(scan) = scan {
             let _ = writeln!(out, "  scan: {scan}");
         }
@@ -80,6 +87,15 @@ impl PoolData {
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "errors: {}",
+            if errors == 0 {
+                "none since the pool opened or was cleared".to_string()
+            } else {
+                format!("{errors} on its members (the READ, WRITE and CKSUM columns)")
+            }
+        );
         if verbose {
             self.read_selection_text(&mut out);
         }
