@@ -507,6 +507,45 @@ class Startup(unittest.TestCase):
                 proc.terminate()
                 self.assertEqual(proc.wait(timeout=30), 0)
 
+    def test_a_service_manager_passes_the_sockets_and_hears_ready_and_stopping(self):
+        with tempfile.TemporaryDirectory(prefix="weir-activation-") as tmp:
+            notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            notify.bind(os.path.join(tmp, "notify.sock"))
+            notify.settimeout(60)
+            tcp = socket.socket()
+            tcp.bind(("127.0.0.1", 0))
+            tcp.listen()
+            unix_path = os.path.join(tmp, "nbd.sock")
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.bind(unix_path)
+            unix.listen()
+            pid_path = os.path.join(tmp, "weir.pid")
+            # As systemd hands them over: descriptors 3 and 4, LISTEN_PID the
+            # server's own pid. The --socket flag would fail to bind: it must
+            # not be used while sockets are passed.
+            script = (f'exec 3<&{tcp.fileno()} 4<&{unix.fileno()}; export LISTEN_PID=$$ LISTEN_FDS=2; '
+                      f'exec "$0" serve --export a=mem:1M --admin none --pid-file {pid_path} '
+                      f'--socket {tmp}/no/such/dir.sock')
+            env = dict(os.environ, NOTIFY_SOCKET=os.path.join(tmp, "notify.sock"))
+            proc = subprocess.Popen(["sh", "-c", script, WEIR], pass_fds=(tcp.fileno(), unix.fileno()), env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                self.assertIn(b"READY=1", notify.recv(4096))
+                with open(pid_path) as f:
+                    self.assertEqual(int(f.read()), proc.pid)
+                port = tcp.getsockname()[1]
+                self.assertIn("export-size: 1048576", run("nbdinfo", f"nbd://127.0.0.1:{port}/a").stdout)
+                self.assertIn("export-size: 1048576", run("nbdinfo", f"nbd+unix:///a?socket={unix_path}").stdout)
+            finally:
+                proc.terminate()
+                _, err = proc.communicate(timeout=60)
+            self.assertEqual(proc.returncode, 0, err)
+            self.assertIn(b"STOPPING=1", notify.recv(4096))
+            self.assertFalse(os.path.exists(pid_path), "the pid file is removed at exit")
+            self.assertTrue(os.path.exists(unix_path), "an inherited socket file is the service manager's")
+            for s in (notify, tcp, unix):
+                s.close()
+
     def test_version_and_help(self):
         self.assertIn("weir", run(WEIR, "--version").stdout)
         self.assertIn("serve", run(WEIR, "help").stdout)

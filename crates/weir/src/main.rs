@@ -218,9 +218,21 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             "at most {open_files} open files (ulimit -n): fewer than 1,024 clients may connect"
         );
     }
-    let listeners = Listeners::bind(&config.listen, config.socket.as_ref())?;
+    let listeners = match Listeners::inherited()? {
+        Some(inherited) => {
+            tracing::info!(
+                "serving on the sockets the service manager passed (LISTEN_FDS); listen and socket are not used"
+            );
+            inherited
+        }
+        None => Listeners::bind(&config.listen, config.socket.as_ref())?,
+    };
+    let pid_file = config.pid_file.as_deref().map(PidFile::write).transpose()?;
     print_connect_hint(&listeners, &first_export);
+    // Readiness for a service manager (Type=notify); without one, nothing.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let served = server::serve(listeners, exports, &stop, config.shutdown_grace);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     // Every cached write goes to the devices before the pools close.
     for (name, cache) in &caches {
         let dirty = cache.dirty_bytes();
@@ -235,7 +247,25 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     service.close();
     drop(admin);
     drop(service);
+    drop(pid_file);
     served
+}
+
+/// The pid file: written once the server serves, removed when it stops.
+struct PidFile(std::path::PathBuf);
+
+impl PidFile {
+    fn write(path: &std::path::Path) -> anyhow::Result<PidFile> {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write the pid file {}", path.display()))?;
+        Ok(PidFile(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn export(name: &str, description: &str, volume: Volume, policy: Policy) -> Export {
@@ -261,7 +291,7 @@ fn print_connect_hint(listeners: &Listeners, export: &str) {
         .iter()
         .map(|addr| format!("nbd://{addr}/{export}"))
         .collect();
-    if let Some(path) = listeners.unix_path() {
+    for path in listeners.unix_paths() {
         uris.push(format!("nbd+unix:///{export}?socket={}", path.display()));
     }
     let mut out = std::io::stdout();

@@ -11,6 +11,7 @@
 //! log_level = "info"
 //! admin = "unix"                # DATA_DIR/admin.sock; or it and ADDR (TLS off: loopback only); "none"
 //! shutdown_grace_seconds = 30    # then connections whose clients stall are closed
+//! pid_file = "/run/weir.pid"     # written once serving, removed at exit
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
 //! readahead = "off"              # on | off, for every volume
@@ -79,6 +80,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub admin: Option<String>,
     pub shutdown_grace_seconds: Option<u64>,
+    pub pid_file: Option<PathBuf>,
     pub cache: Option<CacheMode>,
     pub cache_dirty_max: Option<Size>,
     pub readahead: Option<ReadaheadMode>,
@@ -175,6 +177,9 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, how long to wait for clients to read their last replies before closing their connections [default: 30].
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_grace_seconds: Option<u64>,
+    /// Write the server's pid to this file once it serves; removed at exit.
+    #[arg(long, value_name = "PATH")]
+    pub pid_file: Option<PathBuf>,
     /// Answer writes from memory until FLUSH or FUA (writeback), or once the devices have them (writethrough), for every volume [default: writeback].
     #[arg(long, value_enum, value_name = "MODE")]
     pub cache: Option<CacheMode>,
@@ -225,6 +230,7 @@ pub struct ServeConfig {
     /// None: no admin endpoint.
     pub admin: Option<AdminListen>,
     pub shutdown_grace: std::time::Duration,
+    pub pid_file: Option<PathBuf>,
     /// Empty means: serve the embedded default.
     pub exports: Vec<ExportSpec>,
     /// The cache mode of volumes that name none.
@@ -378,6 +384,7 @@ impl ServeConfig {
             cache_dirty_max_bytes,
             admin,
             shutdown_grace,
+            pid_file: args.pid_file.clone().or(file.pid_file),
             listen,
             socket,
             data_dir,

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod access;
+mod activation;
 mod budget;
 mod connection;
 pub mod exports;
@@ -52,7 +53,9 @@ const CONNECTIONS_PER_ADDRESS_MAX: usize = CONNECTIONS_MAX / 4;
 
 pub struct Listeners {
     tcp: Vec<TcpListener>,
-    unix: Option<(UnixListener, PathBuf)>,
+    /// Each Unix socket, its path, and whether weir made the socket file
+    /// (and so removes it at exit) or inherited it.
+    unix: Vec<(UnixListener, PathBuf, bool)>,
 }
 
 impl Listeners {
@@ -63,7 +66,7 @@ impl Listeners {
             .map(|addr| TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}")))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let unix = match unix {
-            None => None,
+            None => Vec::new(),
             Some(path) => {
                 if path.exists() {
                     if UnixStream::connect(path).is_ok() {
@@ -74,13 +77,13 @@ impl Listeners {
                 }
                 let listener = UnixListener::bind(path)
                     .with_context(|| format!("cannot listen on {}", path.display()))?;
-                Some((listener, path.clone()))
+                vec![(listener, path.clone(), true)]
             }
         };
         for listener in &tcp {
             listener.set_nonblocking(true)?;
         }
-        if let Some((listener, _)) = &unix {
+        for (listener, _, _) in &unix {
             listener.set_nonblocking(true)?;
         }
         Ok(Listeners { tcp, unix })
@@ -93,8 +96,8 @@ impl Listeners {
             .collect()
     }
 
-    pub fn unix_path(&self) -> Option<&PathBuf> {
-        self.unix.as_ref().map(|(_, path)| path)
+    pub fn unix_paths(&self) -> Vec<&PathBuf> {
+        self.unix.iter().map(|(_, path, _)| path).collect()
     }
 }
 
@@ -155,7 +158,7 @@ pub fn serve(
         .map(|l| l.as_raw_fd())
         .collect::<Vec<_>>()
         .into_iter()
-        .chain(listeners.unix.iter().map(|(l, _)| l.as_raw_fd()))
+        .chain(listeners.unix.iter().map(|(l, _, _)| l.as_raw_fd()))
         .map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -199,8 +202,10 @@ pub fn serve(
             tracing::error!("connections still open after closing their sockets; exiting anyway");
         }
     }
-    if let Some((_, path)) = &listeners.unix {
-        let _ = std::fs::remove_file(path);
+    for (_, path, made) in &listeners.unix {
+        if *made {
+            let _ = std::fs::remove_file(path);
+        }
     }
     flush_all(&exports)
 }
@@ -227,7 +232,7 @@ fn accept_ready(listeners: &Listeners) -> Vec<Stream> {
             accepted.push(Stream::Plain(Socket::Tcp(stream)));
         }
     }
-    if let Some((listener, _)) = &listeners.unix {
+    for (listener, _, _) in &listeners.unix {
         while let Ok((stream, _)) = listener.accept() {
             widen_send_buffer(&stream);
             accepted.push(Stream::Plain(Socket::Unix(stream)));
