@@ -171,6 +171,17 @@ class Pools(PoolTest):
             metrics = fetch_metrics(self.data)
             self.assertIn('weir_pool_state{pool="broken",state="UNAVAIL"} 1', metrics)
             self.assertIn('weir_pool_state{pool="tank",state="ONLINE"} 1', metrics)
+            # The Prometheus text format passes Prometheus's own linter ...
+            checked = subprocess.run(["promtool", "check", "metrics"], input=metrics, capture_output=True,
+                                     text=True, timeout=60)
+            self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+            self.assertIn("# TYPE weir_member_reads_total counter", metrics)
+            # ... and a scraper that asks for OpenMetrics gets it.
+            status, body = admin_call(self.data, "GET", "/metrics",
+                                      headers={"Accept": "application/openmetrics-text;version=1.0.0"})
+            self.assertEqual(status, 200)
+            self.assertIn("# TYPE weir_member_reads counter", body)
+            self.assertTrue(body.endswith("# EOF\n"), body[-40:])
             self.assertEqual(self.weir("list").stdout.splitlines()[1:], pools[1:], "the server lists as offline")
             refused = run(WEIR, "scrub", "start", "broken", "--data-dir", self.data, check=False)
             self.assertNotEqual(refused.returncode, 0)

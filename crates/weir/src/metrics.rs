@@ -11,6 +11,8 @@ use prometheus_client::metrics::MetricType;
 
 /// The content type `encode`'s output is served with.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of `to_prometheus_text`'s output.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Every family weir reports: name (without `_total` for counters) and
 /// help, in the order they are written. The type comes from the samples.
@@ -44,6 +46,11 @@ const FAMILIES: &[(&str, &str)] = &[
     ("weir_readahead_held_bytes", "Read-ahead data held by all volumes."),
     ("weir_readahead_limit_bytes", "The bound on read-ahead data all volumes share."),
 ];
+
+/// The name of every family weir reports.
+pub fn family_names() -> impl Iterator<Item = &'static str> {
+    FAMILIES.iter().map(|(name, _)| *name)
+}
 
 /// What a volume's readahead reports to metrics.
 pub trait ReadaheadReport: Send + Sync {
@@ -109,6 +116,35 @@ pub fn encode(samples: &[Sample]) -> String {
     prometheus_client::encoding::text::encode_registry(&mut out, &registry_of(samples))
         .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out))
         .expect("encoding into a String");
+    out
+}
+
+/// OpenMetrics text as the older Prometheus text format (0.0.4), for
+/// clients that do not ask for OpenMetrics (curl, `promtool check
+/// metrics`): a counter's HELP and TYPE name its samples (`X_total`, not
+/// the family `X`), and there is no `# EOF`. Everything else reads the
+/// same in both. prometheus-client writes only OpenMetrics.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(&name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
     out
 }
 
@@ -225,5 +261,28 @@ mod tests {
             unlisted.contains("# TYPE weir_not_described gauge"),
             "{unlisted}"
         );
+    }
+
+    #[test]
+    fn the_older_text_format_names_counter_samples_and_has_no_eof() {
+        let samples = vec![
+            Sample::counter("weir_member_reads", vec![], 5),
+            Sample::gauge("weir_member_read_share", vec![], 0.5),
+        ];
+        let text = to_prometheus_text(&encode(&samples));
+        assert!(
+            text.contains("# TYPE weir_member_reads_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP weir_member_reads_total Client reads"),
+            "{text}"
+        );
+        assert!(text.contains("\nweir_member_reads_total 5\n"), "{text}");
+        assert!(
+            text.contains("# TYPE weir_member_read_share gauge\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }

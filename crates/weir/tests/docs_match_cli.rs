@@ -277,3 +277,28 @@ fn every_config_key_is_in_the_documented_example_and_it_loads() {
         );
     }
 }
+
+#[test]
+fn the_grafana_dashboard_uses_only_metrics_weir_reports() {
+    let dashboard = read("dist/grafana/weir.json");
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("valid JSON");
+    assert!(parsed["panels"].as_array().is_some_and(|p| !p.is_empty()));
+    let families: Vec<&str> = weir::metrics::family_names().collect();
+    let mut used = 0;
+    for (at, _) in dashboard.match_indices("weir_") {
+        let name: String = dashboard[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        assert!(
+            families.contains(&family),
+            "the dashboard uses {name}, which weir does not report"
+        );
+        used += 1;
+    }
+    assert!(used >= 10, "the dashboard shows weir's metrics");
+}

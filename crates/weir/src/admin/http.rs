@@ -38,10 +38,11 @@ pub struct Request {
     pub path: String,
     /// Query parameters, percent-decoded, in order.
     pub query: Vec<(String, String)>,
-    /// The Host, Origin and Authorization headers, if sent.
+    /// The Host, Origin, Authorization and Accept headers, if sent.
     pub host: Option<String>,
     pub origin: Option<String>,
     pub authorization: Option<String>,
+    pub accept: Option<String>,
 }
 
 impl Request {
@@ -59,6 +60,7 @@ impl Request {
             host: None,
             origin: None,
             authorization: None,
+            accept: None,
         }
     }
 
@@ -176,6 +178,7 @@ fn serve_within(
         request.host = header("Host");
         request.origin = header("Origin");
         request.authorization = header("Authorization");
+        request.accept = header("Accept");
         if let Some((status, reason)) = request.refusal(&bound) {
             tracing::warn!(path = %request.path, host = ?request.host, origin = ?request.origin,
                 "admin request refused: {reason}");

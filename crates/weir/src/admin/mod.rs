@@ -233,11 +233,28 @@ fn route(service: &PoolService, request: &Request) -> Response {
         ("POST", "/v1/clear") => pool_param(request)
             .and_then(|pool| service.clear(pool, request.param("device")))
             .map(Response::text_ok),
-        ("GET", "/metrics") => Ok(Response {
-            status: 200,
-            content_type: crate::metrics::CONTENT_TYPE,
-            body: service.metrics(),
-        }),
+        ("GET", "/metrics") => {
+            // Prometheus asks for OpenMetrics; anyone else gets the older
+            // text format, which every tool reads.
+            let openmetrics = request
+                .accept
+                .as_deref()
+                .is_some_and(|accept| accept.contains("application/openmetrics-text"));
+            let body = service.metrics();
+            Ok(if openmetrics {
+                Response {
+                    status: 200,
+                    content_type: crate::metrics::CONTENT_TYPE,
+                    body,
+                }
+            } else {
+                Response {
+                    status: 200,
+                    content_type: crate::metrics::PROMETHEUS_TEXT_CONTENT_TYPE,
+                    body: crate::metrics::to_prometheus_text(&body),
+                }
+            })
+        }
         (
             _,
             "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
