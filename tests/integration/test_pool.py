@@ -530,6 +530,38 @@ class Replace(PoolTest):
         with Weir("--data-dir", self.data) as w:
             run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 32M", "-c", "read -P 0x22 32M 64M", w.uri("tank/disk"))
 
+    def test_a_member_taken_offline_misses_writes_and_only_those_are_rebuilt_when_it_is_back(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "64M")
+        scrub = lambda: run(WEIR, "scrub", "start", "tank", "--wait", "--data-dir", self.data, timeout=120).stdout
+        with Weir("--data-dir", self.data) as w:
+            uri = w.uri("tank/disk")
+            run("qemu-io", "-f", "raw", "-c", "write -P 0x11 0 32M", "-c", "flush", uri)
+            self.assertIn("is OFFLINE", self.weir("offline", "tank", a).stdout)
+            status = self.weir("status", "tank").stdout
+            self.assertEqual(self.status_row(status, a)[0], "OFFLINE")
+            self.assertIn(f"action: bring it back with weir pool online tank {a}", status)
+            self.assertIn('state="OFFLINE"} 1', fetch_metrics(self.data))
+            run("qemu-io", "-f", "raw", "-c", "write -P 0x22 16M 32M", "-c", "flush", uri)
+            last = self.weir("offline", "tank", b, check=False)
+            self.assertNotEqual(last.returncode, 0)
+            self.assertIn("only complete copy", last.stderr)
+            back = self.weir("online", "tank", a, "--wait")
+            self.assertEqual(back.stderr.strip().splitlines()[-1], "resilver: finished; pool ONLINE")
+            run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 16M", "-c", "read -P 0x22 16M 32M", uri)
+            # The rebuild copied what a missed: the copies agree.
+            self.assertIn("0 repaired, 0 unrecoverable", scrub())
+            self.assertNotEqual(self.weir("online", "tank", a, check=False).returncode, 0, "not offline")
+            # replace with no NEW rebuilds the member in place, whole.
+            rebuilt = self.weir("replace", "tank", b, "--wait")
+            self.assertEqual(rebuilt.stderr.strip().splitlines()[-1], "resilver: finished; pool ONLINE")
+            self.assertIn("0 repaired, 0 unrecoverable", scrub())
+            run("qemu-io", "-f", "raw", "-c", "read -P 0x11 0 16M", "-c", "read -P 0x22 16M 32M", uri)
+            self.assertEqual(w.stop(), 0)
+        offline_cmd = self.weir("offline", "tank", a, check=False)
+        self.assertIn("only a served pool has members in service", offline_cmd.stderr)
+
     def test_replace_refuses_another_pools_device_and_an_unknown_member(self):
         a, b, c, d = (self.file(n) for n in ("a.img", "b.img", "c.img", "d.img"))
         self.weir("create", "tank", "mirror", a, b)

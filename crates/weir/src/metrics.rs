@@ -19,7 +19,7 @@ pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; chars
 const FAMILIES: &[(&str, &str)] = &[
     ("weir_pool_state", "1 for the pool's current state (ONLINE, DEGRADED, UNAVAIL: not opened, not served), 0 for the others."),
     ("weir_pool_repairs", "Blocks rewritten on a copy because it failed or returned bad data."),
-    ("weir_member_state", "1 for the member's current state (ONLINE, RESILVERING, FAULTED), 0 for the others."),
+    ("weir_member_state", "1 for the member's current state (ONLINE, RESILVERING, FAULTED, OFFLINE), 0 for the others."),
     ("weir_member_reads", "Client reads the mirror sent to this member."),
     ("weir_member_read_errors", "Reads from this member that failed."),
     ("weir_member_write_errors", "Writes to this member that failed."),

@@ -12,6 +12,7 @@
 //!  GET  /v1/iostat                         per device and class counters (JSON)
 //!  GET  /v1/list                           pool list
 //!  POST /v1/clear?pool=P[&device=DEV]      forget members' error counts
+//!  POST /v1/{offline,online}?pool=P&device=DEV   a member out of service and back
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
@@ -230,6 +231,14 @@ fn route(service: &PoolService, request: &Request) -> Response {
         }),
         ("GET", "/v1/iostat") => Ok(Response::json(service.iostat().to_string())),
         ("GET", "/v1/list") => Ok(Response::text_ok(service.list())),
+        ("POST", "/v1/offline") => pool_param(request).and_then(|pool| {
+            let device = request.param("device").context("missing device=DEV")?;
+            service.offline(pool, device).map(Response::text_ok)
+        }),
+        ("POST", "/v1/online") => pool_param(request).and_then(|pool| {
+            let device = request.param("device").context("missing device=DEV")?;
+            service.online(pool, device).map(Response::text_ok)
+        }),
         ("POST", "/v1/clear") => pool_param(request)
             .and_then(|pool| service.clear(pool, request.param("device")))
             .map(Response::text_ok),
@@ -258,7 +267,7 @@ fn route(service: &PoolService, request: &Request) -> Response {
         (
             _,
             "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
-            | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/metrics",
+            | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/v1/offline" | "/v1/online" | "/metrics",
         ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };

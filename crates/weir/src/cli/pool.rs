@@ -28,6 +28,10 @@ pub enum PoolCommand {
     List(ListArgs),
     /// Forget the error counts of every member of a pool, or of one, once their cause is dealt with.
     Clear(ClearArgs),
+    /// Take a member out of service on the running server (it gets no I/O; the pool serves DEGRADED) until `online` or a restart.
+    Offline(MemberArgs),
+    /// Bring a member taken offline back: what it missed is rebuilt from the dirty-region log.
+    Online(OnlineArgs),
     /// Put NEW in place of member OLD (failed or not) and resilver onto it.
     Replace(ReplaceArgs),
     /// Register the pool found on these devices by their labels (disks moved, or a registry lost).
@@ -57,8 +61,8 @@ pub struct ReplaceArgs {
     pool: String,
     /// The member to replace: its device spec as registered, or its device id.
     old: String,
-    /// The new device (may be OLD itself, to rebuild it in place).
-    new: String,
+    /// The new device [default: OLD itself, rebuilt in place].
+    new: Option<String>,
     /// Take a device that carries another pool's label or holds other data.
     #[arg(long)]
     force: bool,
@@ -101,6 +105,24 @@ pub struct ListArgs {
 }
 
 #[derive(Args)]
+pub struct MemberArgs {
+    pool: String,
+    /// The member: its device spec as registered, or its device id.
+    device: String,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
+pub struct OnlineArgs {
+    #[command(flatten)]
+    member: MemberArgs,
+    /// Wait for the rebuild to finish.
+    #[arg(long)]
+    wait: bool,
+}
+
+#[derive(Args)]
 pub struct ClearArgs {
     pool: String,
     /// Only this member: its device spec as registered, or its device id.
@@ -118,6 +140,31 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
                 print!("{}", client.call("GET", "/v1/list", &[])?);
             } else {
                 print!("{}", crate::pool::list::offline(&args.data_dir)?);
+            }
+            Ok(())
+        }
+        PoolCommand::Offline(args) => {
+            let client = served(&args.data_dir, "take a member offline")?;
+            let query = [
+                ("pool", args.pool.as_str()),
+                ("device", args.device.as_str()),
+            ];
+            print!("{}", client.call("POST", "/v1/offline", &query)?);
+            Ok(())
+        }
+        PoolCommand::Online(args) => {
+            let member = &args.member;
+            let client = served(&member.data_dir, "bring a member online")?;
+            let query = [
+                ("pool", member.pool.as_str()),
+                ("device", member.device.as_str()),
+            ];
+            print!("{}", client.call("POST", "/v1/online", &query)?);
+            if args.wait {
+                wait_for_resilver(|| {
+                    let status = client.call("GET", "/v1/status", &[("pool", &member.pool)])?;
+                    Ok((status.contains("RESILVERING"), status))
+                })?;
             }
             Ok(())
         }
@@ -184,7 +231,7 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
         let mut query = vec![
             ("pool", args.pool.as_str()),
             ("old", args.old.as_str()),
-            ("new", args.new.as_str()),
+            ("new", args.new.as_deref().unwrap_or(&args.old)),
         ];
         if args.force {
             query.push(("force", "1"));
@@ -201,7 +248,12 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
     let service = open_local(&args.pool, &args.data_dir, false)?;
     print!(
         "{}",
-        service.replace(&args.pool, &args.old, &args.new, args.force)?
+        service.replace(
+            &args.pool,
+            &args.old,
+            args.new.as_deref().unwrap_or(&args.old),
+            args.force,
+        )?
     );
     wait_for_resilver(|| {
         let status = service.status(Some(&args.pool), false)?;
@@ -215,6 +267,17 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
         crate::pool::status::status(Some(&args.pool), &args.data_dir)?
     );
     Ok(())
+}
+
+/// The running server's admin endpoint, for what only a serving pool has.
+fn served(data_dir: &Path, what: &str) -> anyhow::Result<AdminClient> {
+    if crate::pool::data_dir::try_lock_data_dir(data_dir)?.is_some() {
+        anyhow::bail!(
+            "no weir serve holds {}: only a served pool has members in service to {what}",
+            data_dir.display()
+        );
+    }
+    AdminClient::for_data_dir(data_dir)
 }
 
 /// Poll until the resilver ends, echoing its progress line.

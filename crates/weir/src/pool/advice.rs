@@ -3,7 +3,20 @@
 //! `zpool status` does. The same words online and offline.
 
 /// (status, action) for a pool in `state`, or None when all is well.
-pub fn advice(pool: &str, state: &str, resilvering: bool, errors: u64) -> Option<(String, String)> {
+/// `offline` names a member the operator took out of service.
+pub fn advice(
+    pool: &str,
+    state: &str,
+    resilvering: bool,
+    errors: u64,
+    offline: Option<&str>,
+) -> Option<(String, String)> {
+    if let Some(device) = offline {
+        return Some((
+            format!("{device} was taken offline: the pool runs without full redundancy"),
+            format!("bring it back with weir pool online {pool} {device}"),
+        ));
+    }
     if resilvering {
         return Some((
             "a member is being resilvered: the pool regains full redundancy when it finishes"
@@ -38,12 +51,14 @@ mod tests {
 
     #[test]
     fn a_healthy_pool_needs_no_advice_and_each_trouble_names_its_command() {
-        assert_eq!(advice("tank", "ONLINE", false, 0), None);
-        let (_, action) = advice("tank", "DEGRADED", false, 0).unwrap();
+        assert_eq!(advice("tank", "ONLINE", false, 0, None), None);
+        let (_, action) = advice("tank", "DEGRADED", false, 0, None).unwrap();
         assert!(action.contains("weir pool replace tank"), "{action}");
-        let (_, action) = advice("tank", "ONLINE", false, 3).unwrap();
+        let (_, action) = advice("tank", "ONLINE", false, 3, None).unwrap();
         assert!(action.contains("weir pool clear tank"), "{action}");
-        let (status, _) = advice("tank", "DEGRADED", true, 0).unwrap();
+        let (status, _) = advice("tank", "DEGRADED", true, 0, None).unwrap();
         assert!(status.contains("resilvered"), "{status}");
+        let (_, action) = advice("tank", "DEGRADED", false, 0, Some("/dev/sdb")).unwrap();
+        assert_eq!(action, "bring it back with weir pool online tank /dev/sdb");
     }
 }

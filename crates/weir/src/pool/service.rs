@@ -199,6 +199,39 @@ impl PoolService {
         crate::pool::list::render(&rows)
     }
 
+    /// `weir pool offline`: take a member out of service.
+    pub fn offline(&self, name: &str, device: &str) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        let (group, member) = self.member_of(pool, name, device)?;
+        pool.take_offline(group, member)
+            .with_context(|| format!("cannot take {device} offline"))?;
+        Ok(format!(
+            "pool {name}: {device} is OFFLINE; the pool serves DEGRADED until weir pool online {name} {device}\n"
+        ))
+    }
+
+    /// `weir pool online`: bring a member taken offline back.
+    pub fn online(&self, name: &str, device: &str) -> anyhow::Result<String> {
+        let pool = self.pool(name)?;
+        let (group, member) = self.member_of(pool, name, device)?;
+        pool.bring_online(group, member)
+            .with_context(|| format!("cannot bring {device} online"))?;
+        Ok(format!(
+            "pool {name}: {device} is back; what it missed is being rebuilt\n"
+        ))
+    }
+
+    fn member_of(
+        &self,
+        pool: &PoolData,
+        name: &str,
+        device: &str,
+    ) -> anyhow::Result<(usize, usize)> {
+        pool.find_member(&identity(device))
+            .or_else(|| pool.find_member(device))
+            .with_context(|| format!("pool {name} has no member {device}"))
+    }
+
     /// `weir pool clear`: forget members' error counts.
     pub fn clear(&self, name: &str, device: Option<&str>) -> anyhow::Result<String> {
         let pool = self.pool(name)?;

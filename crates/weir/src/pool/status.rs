@@ -71,7 +71,7 @@ fn render(out: &mut String, pool: &Imported) {
         .flatten()
         .any(|m| m.1 == MemberState::Resilvering);
     if let Some((status, action)) =
-        super::advice::advice(&label.pool_name, pool.state(), resilvering, 0)
+        super::advice::advice(&label.pool_name, pool.state(), resilvering, 0, None)
     {
         let _ = writeln!(out, "status: {status}");
         let _ = writeln!(out, "action: {action}");

@@ -15,6 +15,7 @@
 //!     health.rs:   per-member state and error counters; a write error faults
 //!                  the member (labels of the others move to a new generation)
 //!     repair.rs:   scrub one chunk; replace a member and resilver onto it
+//!     offline.rs:  a member the operator takes out of service and back
 //!     labels.rs:   members' labels re-read while serving
 //!     heartbeat.rs: this process's stamp in the labels, beaten while open
 //!     status.rs:   `pool status` and /metrics, live
@@ -32,6 +33,7 @@ mod io_ops;
 mod labels;
 mod log_commit;
 mod metadata;
+mod offline;
 mod read;
 mod repair;
 pub mod select;
@@ -144,6 +146,8 @@ struct Slot {
     /// dirty-region log holds (all it missed), not every chunk.
     resilver_dirty_only: AtomicBool,
     resilver_started: Mutex<Option<std::time::Instant>>,
+    /// Taken out of service by `weir pool offline`, until `online`.
+    offline: AtomicBool,
 }
 
 struct GroupState {
@@ -287,6 +291,7 @@ impl PoolData {
                     resilvered_chunks: AtomicU64::new(0),
                     resilver_started: Mutex::new(None),
                     resilver_dirty_only: AtomicBool::new(false),
+                    offline: AtomicBool::new(false),
                 });
             }
             if !slots.iter().any(|s| s.health() == Health::Online) {

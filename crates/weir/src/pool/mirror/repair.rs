@@ -388,7 +388,7 @@ impl PoolData {
         }
     }
 
-    fn spawn_resilver(self: &Arc<Self>, group: usize, member: usize) {
+    pub(super) fn spawn_resilver(self: &Arc<Self>, group: usize, member: usize) {
         let pool = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name(format!("weir-resilver-{group}-{member}"))

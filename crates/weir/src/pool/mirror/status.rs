@@ -20,9 +20,19 @@ impl PoolData {
         let _ = writeln!(out, " sched: {}", self.sched().name());
         let _ = writeln!(out, " reads: {}", self.read_policy().name());
         let errors = self.error_count();
-        if let Some((status, action)) =
-            crate::pool::advice::advice(&self.name, self.state_name(), self.resilvering(), errors)
-        {
+        let offline = self
+            .groups
+            .iter()
+            .flat_map(|g| &g.slots)
+            .find(|s| s.state_name() == "OFFLINE")
+            .map(|s| s.spec.read().clone());
+        if let Some((status, action)) = crate::pool::advice::advice(
+            &self.name,
+            self.state_name(),
+            self.resilvering(),
+            errors,
+            offline.as_deref(),
+        ) {
             let _ = writeln!(out, "status: {status}");
             let _ = writeln!(out, "action: {action}");
         }
@@ -69,7 +79,7 @@ impl PoolData {
             for (m, slot) in group.slots.iter().enumerate() {
                 let c = &slot.counters;
                 let width = 44 - indent.len();
-                let mut state = slot.health().name().to_string();
+                let mut state = slot.state_name().to_string();
                 if slot.health() == Health::Resilvering {
                     let (done, total) = self.resilver_progress(g, m);
                     state = format!("{state} {:.0}%", percent(done, total));
@@ -201,12 +211,12 @@ impl PoolData {
                     l
                 };
                 let c = &slot.counters;
-                let health = slot.health();
-                for state in [Health::Online, Health::Resilvering, Health::Faulted] {
+                let current = slot.state_name();
+                for state in ["ONLINE", "RESILVERING", "FAULTED", "OFFLINE"] {
                     out.push(Sample::gauge(
                         "weir_member_state",
-                        with("state", state.name()),
-                        f64::from(u8::from(health == state)),
+                        with("state", state),
+                        f64::from(u8::from(current == state)),
                     ));
                 }
                 for (name, value) in [

@@ -16,6 +16,8 @@
 //!   the server and returns stale (it is rebuilt, a chunk per step, while
 //!   the workload goes on);
 //! - a file system that fills under a member (ENOSPC) and frees up;
+//! - a member the operator takes offline while writes go on, and brings
+//!   back (only what it missed is rebuilt);
 //! - heartbeats rewriting the first label copy between all of these, and
 //!   a member another process stamps as its own (taken over from another
 //!   host), which the label check faults and a replacement rebuilds;
@@ -179,6 +181,8 @@ struct Run {
     absent: Option<(usize, usize)>,
     /// A member being rebuilt, a chunk per step.
     rebuilding: Option<(usize, usize)>,
+    /// A member the operator took offline: no I/O until it is brought back.
+    offline: Option<(usize, usize)>,
     /// A disk whose file system is full (its index).
     full: Option<usize>,
     /// Disks with one label copy damaged since they were last imported.
@@ -644,6 +648,8 @@ impl Run {
         self.damaged_labels.retain(|d| absent.contains(d));
         self.pool = Some(Arc::clone(&pool));
         self.rebuilding = None;
+        // A member offline at a restart returns stale and is rebuilt.
+        self.offline = None;
         for (g, group) in pool.groups.iter().enumerate() {
             for (m, slot) in group.slots.iter().enumerate() {
                 if slot.health() == Health::Resilvering {
@@ -749,8 +755,11 @@ impl Run {
     }
 
     fn step(&mut self) -> Result<(), String> {
-        let quiet = self.vanished.is_none() && self.absent.is_none() && self.rebuilding.is_none();
-        match self.rng.below(124) {
+        let quiet = self.vanished.is_none()
+            && self.absent.is_none()
+            && self.rebuilding.is_none()
+            && self.offline.is_none();
+        match self.rng.below(127) {
             0..=35 => {
                 let (first, count) = self.random_range(32);
                 let data = self.random_data(count);
@@ -818,6 +827,8 @@ impl Run {
             123 if quiet && !self.data_faults && self.replacements == 0 => {
                 self.take_over_member()?
             }
+            124 if quiet && self.full.is_none() => self.take_offline()?,
+            125 | 126 => self.bring_online()?,
             115..=119 => {
                 let group = self.rng.below(self.pool().groups() as u64) as usize;
                 let chunk = self.rng.below(self.pool().chunks_per_group());
@@ -867,6 +878,40 @@ impl Run {
         Ok(())
     }
 
+    /// The operator takes a member offline; writes go on without it.
+    fn take_offline(&mut self) -> Result<(), String> {
+        let group = self.rng.below(self.pool().groups() as u64) as usize;
+        // With data faults the last member is the clean copy: it stays.
+        let eligible = self.fixture.copies - usize::from(self.data_faults);
+        let member = self.rng.below(eligible as u64) as usize;
+        self.pool()
+            .take_offline(group, member)
+            .map_err(|e| format!("taking group {group} member {member} offline: {e}"))?;
+        self.offline = Some((group, member));
+        self.history
+            .push(format!("offline: group {group} member {member}"));
+        Ok(())
+    }
+
+    /// The offline member comes back: only what it missed is rebuilt, a
+    /// chunk per step, and then every copy must agree.
+    fn bring_online(&mut self) -> Result<(), String> {
+        let Some((group, member)) = self.offline.take() else {
+            return Ok(());
+        };
+        self.pool()
+            .rejoin(group, member)
+            .map_err(|e| format!("bringing group {group} member {member} online: {e}"))?;
+        let health = self.pool().groups[group].slots[member].health();
+        if health != Health::Resilvering {
+            return Err(format!("a member brought online is {}", health.name()));
+        }
+        self.rebuilding = Some((group, member));
+        self.history
+            .push(format!("online: group {group} member {member}"));
+        Ok(())
+    }
+
     /// Give the full disk room again; it must still be in service.
     fn free_space(&mut self) -> Result<(), String> {
         let Some(disk) = self.full.take() else {
@@ -876,8 +921,9 @@ impl Run {
         self.history.push(format!("disk {disk} has room again"));
         let (group, member) = (disk / self.fixture.copies, disk % self.fixture.copies);
         let slot = &self.pool().groups[group].slots[member];
-        // Left out of the running pool: not faulted for anything it did.
-        let absent = slot.attached().is_none();
+        // Left out of the running pool, or taken offline: not faulted for
+        // anything it did.
+        let absent = slot.attached().is_none() || self.offline == Some((group, member));
         // Unreadable blocks that could not be rewritten for want of space
         // do fault it, as read errors.
         let read_errors = slot.counters.read_errors.load(Ordering::Relaxed);
@@ -893,6 +939,7 @@ impl Run {
         }
         self.free_space()?;
         self.bring_member_back()?;
+        self.bring_online()?;
         while self.rebuilding.is_some() {
             self.rebuild_step()?;
         }
@@ -958,6 +1005,7 @@ pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
         data_faults,
         vanished: None,
         absent: None,
+        offline: None,
         rebuilding: None,
         full: None,
         damaged_labels: Default::default(),
