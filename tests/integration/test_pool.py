@@ -385,6 +385,30 @@ class Import(PoolTest):
         self.assertIn("belongs to pool", mixed.stderr)
 
 
+    def test_export_forgets_a_pool_and_destroy_frees_its_devices(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/disk", "--size", "16M")
+        with Weir("--data-dir", self.data) as w:
+            for verb in ("export", "destroy"):
+                refused = self.weir(verb, "tank", check=False)
+                self.assertNotEqual(refused.returncode, 0, verb)
+                self.assertIn("in use by a running weir serve", refused.stderr)
+            self.assertEqual(w.stop(), 0)
+        self.assertIn(f"import it with weir pool import {a} {b}", self.weir("export", "tank").stdout)
+        self.assertEqual(self.weir("list").stdout.splitlines()[1:], [])
+        self.assertIn("state: ONLINE", self.weir("import", a, b).stdout)
+        self.assertIn("tank/disk", self.volume("list").stdout, "the devices kept the pool")
+        out = self.weir("destroy", "tank").stdout
+        self.assertIn(f"{a}: labels erased", out)
+        self.assertIn("pool tank destroyed", out)
+        gone = self.weir("import", a, b, check=False)
+        self.assertNotEqual(gone.returncode, 0)
+        self.assertIn("no weir label", gone.stderr)
+        # The data is not wiped: a new pool takes the devices with --force.
+        self.assertIn("holds data", self.weir("create", "new", "mirror", a, b, check=False).stderr)
+        self.weir("create", "new", "mirror", a, b, "--force")
+
     def test_a_served_member_is_refused_by_a_second_server_import_and_create(self):
         a, b, c = (self.file(n) for n in ("a.img", "b.img", "c.img"))
         self.weir("create", "tank", "mirror", a, b)

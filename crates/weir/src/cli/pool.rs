@@ -28,6 +28,10 @@ pub enum PoolCommand {
     List(ListArgs),
     /// Forget the error counts of every member of a pool, or of one, once their cause is dealt with.
     Clear(ClearArgs),
+    /// Forget a pool in this data directory; its devices keep it, for `weir pool import` here or on another machine (server stopped).
+    Export(PoolNameArgs),
+    /// Erase a pool's labels from its devices and forget it, so the devices are free (server stopped; the data is not wiped).
+    Destroy(PoolNameArgs),
     /// Take a member out of service on the running server (it gets no I/O; the pool serves DEGRADED) until `online` or a restart.
     Offline(MemberArgs),
     /// Bring a member taken offline back: what it missed is rebuilt from the dirty-region log.
@@ -105,6 +109,13 @@ pub struct ListArgs {
 }
 
 #[derive(Args)]
+pub struct PoolNameArgs {
+    pool: String,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
 pub struct MemberArgs {
     pool: String,
     /// The member: its device spec as registered, or its device id.
@@ -141,6 +152,20 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             } else {
                 print!("{}", crate::pool::list::offline(&args.data_dir)?);
             }
+            Ok(())
+        }
+        PoolCommand::Export(args) => {
+            print!(
+                "{}",
+                crate::pool::lifecycle::export(&args.pool, &args.data_dir)?
+            );
+            Ok(())
+        }
+        PoolCommand::Destroy(args) => {
+            print!(
+                "{}",
+                crate::pool::lifecycle::destroy(&args.pool, &args.data_dir)?
+            );
             Ok(())
         }
         PoolCommand::Offline(args) => {

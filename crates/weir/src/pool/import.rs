@@ -143,7 +143,7 @@ pub fn import(texts: &[String], repair: bool, force: bool) -> anyhow::Result<Imp
     import_devices(texts, opened, repair)
 }
 
-fn in_use(err: &anyhow::Error) -> bool {
+pub(super) fn in_use(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         cause
             .downcast_ref::<std::io::Error>()

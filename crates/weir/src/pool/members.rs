@@ -64,6 +64,22 @@ pub fn write_labels(
     Ok(())
 }
 
+/// Zero both label copies: the device no longer belongs to any pool.
+pub fn erase_labels(device: &dyn Device) -> io::Result<()> {
+    for offset in label_offsets(device.info().size_bytes) {
+        // Buffers are reused, not zeroed: this one may hold a label.
+        let mut buf = AlignedBuf::new(LABEL_BYTES);
+        buf.as_mut_slice().fill(0);
+        let op = DeviceOp::Write {
+            offset,
+            buf: buf.into(),
+            durable: true,
+        };
+        run_sync(device, op).result?;
+    }
+    Ok(())
+}
+
 /// Allocate a member's metadata (labels, volume table, checksums, dirty
 /// log) so that on a sparse file a full file system can fail only data
 /// writes, never a flush or a recovery.

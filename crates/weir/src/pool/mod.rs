@@ -11,6 +11,7 @@ pub mod import;
 pub mod integrity;
 pub mod label;
 pub mod layout;
+pub mod lifecycle;
 pub mod list;
 mod members;
 pub mod mirror;

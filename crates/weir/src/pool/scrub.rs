@@ -88,7 +88,7 @@ impl Checkpoint {
     }
 }
 
-fn checkpoint_path(pool: &str, data_dir: &Path) -> PathBuf {
+pub(super) fn checkpoint_path(pool: &str, data_dir: &Path) -> PathBuf {
     data_dir.join(format!("scrub-{pool}.json"))
 }
 
