@@ -103,9 +103,15 @@ class Durability(RawClient, PoolTest):
         a, b = self.make_pool()
         other = os.path.join(self.dir, "other")
         run(WEIR, "pool", "create", "other", "mirror", a, b, "--force", "--data-dir", other)
-        status = self.weir("status", "tank", check=False)
-        self.assertNotEqual(status.returncode, 0)
-        self.assertIn('its devices now belong to pool "other"', status.stderr)
+        status = self.weir("status", "tank").stdout
+        self.assertIn("state: UNAVAIL", status)
+        self.assertIn('its devices now belong to pool "other"', status)
+        # With no other pool to serve, the server does not start.
+        refused = Weir("--data-dir", self.data)
+        with self.assertRaises(RuntimeError):
+            refused.start()
+        self.assertIn("nothing to serve", refused.logs())
+        refused.stop()
 
     def test_a_member_whose_label_is_destroyed_is_unavailable_and_the_server_still_starts(self):
         a, _ = self.make_pool()

@@ -94,6 +94,19 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         None
     };
     let opened = weir::pool::volumes::open_all(&config.data_dir)?;
+    // Other pools are served beside one that cannot open; with none open
+    // and nothing else to serve, there is nothing to start for.
+    if opened.pools.is_empty() && !opened.unavailable.is_empty() && config.exports.is_empty() {
+        let reasons: Vec<String> = opened
+            .unavailable
+            .iter()
+            .map(|(pool, why)| format!("pool {pool}: {why}"))
+            .collect();
+        anyhow::bail!(
+            "no pool can be opened and no --export is given: nothing to serve ({})",
+            reasons.join("; ")
+        );
+    }
     let pool_volumes = opened.volumes;
     let service = Arc::new(
         PoolService::new(&config.data_dir, opened.pools, true).with_unavailable(opened.unavailable),
