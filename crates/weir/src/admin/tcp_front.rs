@@ -29,6 +29,13 @@ const STOP_POLL_MS: i32 = 100;
 /// Accept on `listener` until `stop` is set, passing each connection to
 /// the HTTP server at `inner`.
 pub fn serve(listener: TcpListener, tls: Option<Tls>, inner: PathBuf, stop: Arc<AtomicBool>) {
+    // A connection reset between poll and accept must not leave accept
+    // waiting for the next one, past a stop. Accepted sockets do not
+    // inherit the flag.
+    if let Err(err) = listener.set_nonblocking(true) {
+        tracing::error!(error = %err, "admin endpoint: cannot make the TCP listener non-blocking");
+        return;
+    }
     let tls = tls.map(Arc::new);
     let open = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
