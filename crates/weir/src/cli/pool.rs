@@ -186,10 +186,7 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             ];
             print!("{}", client.call("POST", "/v1/online", &query)?);
             if args.wait {
-                wait_for_resilver(|| {
-                    let status = client.call("GET", "/v1/status", &[("pool", &member.pool)])?;
-                    Ok((status.contains("RESILVERING"), status))
-                })?;
+                wait_for_served_resilver(&client, &member.pool)?;
             }
             Ok(())
         }
@@ -263,10 +260,7 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
         }
         print!("{}", client.call("POST", "/v1/replace", &query)?);
         if args.wait {
-            wait_for_resilver(|| {
-                let status = client.call("GET", "/v1/status", &[("pool", &args.pool)])?;
-                Ok((status.contains("RESILVERING"), status))
-            })?;
+            wait_for_served_resilver(&client, &args.pool)?;
         }
         return Ok(());
     };
@@ -303,6 +297,14 @@ fn served(data_dir: &Path, what: &str) -> anyhow::Result<AdminClient> {
         );
     }
     AdminClient::for_data_dir(data_dir)
+}
+
+/// `wait_for_resilver` on the running server's status of `pool`.
+fn wait_for_served_resilver(client: &AdminClient, pool: &str) -> anyhow::Result<()> {
+    wait_for_resilver(|| {
+        let status = client.call("GET", "/v1/status", &[("pool", pool)])?;
+        Ok((status.contains("RESILVERING"), status))
+    })
 }
 
 /// Poll until the resilver ends, echoing its progress line.

@@ -317,10 +317,7 @@ impl PoolService {
     /// resilvered in the background.
     pub fn replace(&self, name: &str, old: &str, new: &str, force: bool) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
-        let (group, member) = pool
-            .find_member(&identity(old))
-            .or_else(|| pool.find_member(old))
-            .with_context(|| format!("pool {name} has no member {old}"))?;
+        let (group, member) = self.member_of(pool, name, old)?;
         let new_text = identity(new);
         let specs = pool.member_specs();
         let copies = specs.len() / pool.groups();
