@@ -11,8 +11,9 @@
 //!             timing models of HDD / SSD / NVMe (device/model)
 //! ```
 //!
-//! Beside the data path: `admin/` serves the running server's pools over
-//! HTTP, `cli/` is the command line, `sim/` runs the same queues and device
+//! Beside the data path: `serve/` assembles a running server (pools,
+//! exports and the caches in front of them), `admin/` serves its pools
+//! over HTTP, `cli/` is the command line, `sim/` runs the same queues and device
 //! models in virtual time, and `bench/` drives workloads at them or at a
 //! real NBD server. `metrics`, `stats`, `workload`, `rng`, `units`,
 //! `spin_slots` and `range_lock` are leaves any layer may use.
@@ -34,6 +35,7 @@ pub mod range_lock;
 pub mod readahead;
 pub mod rng;
 pub mod sched;
+pub mod serve;
 pub mod server;
 pub mod sim;
 pub mod spin_slots;

@@ -13,6 +13,13 @@
 //!  GET  /v1/list                           pool list
 //!  POST /v1/clear?pool=P[&device=DEV]      forget members' error counts
 //!  POST /v1/{offline,online}?pool=P&device=DEV   a member out of service and back
+//!  POST /v1/pool/create?name=P&layout=WORDS[&force=1]   WORDS: the layout, one per line
+//!  POST /v1/pool/import?devices=DEVS[&force=1]          DEVS: one per line
+//!  POST /v1/pool/{export,destroy}?pool=P
+//!  GET  /v1/volume/list[?pool=P]
+//!  POST /v1/volume/create?name=P/V&size=BYTES&block=BYTES
+//!  POST /v1/volume/resize?name=P/V&size=BYTES
+//!  POST /v1/volume/delete?name=P/V
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
@@ -242,6 +249,47 @@ fn route(service: &PoolService, request: &Request) -> Response {
         ("POST", "/v1/clear") => pool_param(request)
             .and_then(|pool| service.clear(pool, request.param("device")))
             .map(Response::text_ok),
+        ("POST", "/v1/pool/create") => request
+            .param("name")
+            .context("missing name=POOL")
+            .and_then(|name| {
+                let layout = lines(request.param("layout").context("missing layout=DEVICES")?);
+                service.create_pool(name, &layout, request.param("force") == Some("1"))
+            })
+            .map(Response::text_ok),
+        ("POST", "/v1/pool/import") => request
+            .param("devices")
+            .context("missing devices=DEVICES")
+            .and_then(|devices| {
+                service.import_pool(&lines(devices), request.param("force") == Some("1"))
+            })
+            .map(Response::text_ok),
+        ("POST", "/v1/pool/export") => pool_param(request)
+            .and_then(|pool| service.export_pool(pool))
+            .map(Response::text_ok),
+        ("POST", "/v1/pool/destroy") => pool_param(request)
+            .and_then(|pool| service.destroy_pool(pool))
+            .map(Response::text_ok),
+        ("GET", "/v1/volume/list") => service
+            .volume_list(request.param("pool"))
+            .map(Response::text_ok),
+        ("POST", "/v1/volume/create") => volume_param(request)
+            .and_then(|name| {
+                let size = bytes_param(request, "size")?;
+                let block = match request.param("block") {
+                    Some(_) => bytes_param(request, "block")?,
+                    None => 4096,
+                };
+                let block = u32::try_from(block).context("block= is too large")?;
+                service.create_volume(name, size, block)
+            })
+            .map(Response::text_ok),
+        ("POST", "/v1/volume/resize") => volume_param(request)
+            .and_then(|name| service.resize_volume(name, bytes_param(request, "size")?))
+            .map(Response::text_ok),
+        ("POST", "/v1/volume/delete") => volume_param(request)
+            .and_then(|name| service.delete_volume(name))
+            .map(Response::text_ok),
         ("GET", "/metrics") => {
             // Prometheus asks for OpenMetrics; anyone else gets the older
             // text format, which every tool reads.
@@ -267,7 +315,9 @@ fn route(service: &PoolService, request: &Request) -> Response {
         (
             _,
             "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
-            | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/v1/offline" | "/v1/online" | "/metrics",
+            | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/v1/offline" | "/v1/online" | "/metrics"
+            | "/v1/pool/create" | "/v1/pool/import" | "/v1/pool/export" | "/v1/pool/destroy"
+            | "/v1/volume/list" | "/v1/volume/create" | "/v1/volume/resize" | "/v1/volume/delete",
         ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };
@@ -276,6 +326,27 @@ fn route(service: &PoolService, request: &Request) -> Response {
 
 fn pool_param(request: &Request) -> anyhow::Result<&str> {
     request.param("pool").context("missing pool=NAME")
+}
+
+fn volume_param(request: &Request) -> anyhow::Result<&str> {
+    request.param("name").context("missing name=POOL/VOLUME")
+}
+
+/// A count of bytes, as a number or with a unit (`10G`).
+fn bytes_param(request: &Request, key: &str) -> anyhow::Result<u64> {
+    let text = request
+        .param(key)
+        .with_context(|| format!("missing {key}=BYTES"))?;
+    crate::units::parse_bytes(text).map_err(|err| anyhow::anyhow!("{key}={text:?}: {err}"))
+}
+
+/// Devices and layout words travel one per line.
+fn lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 impl Response {

@@ -1,7 +1,7 @@
 //! The `weir pool`, `weir volume` and `weir scrub` command lines. Pool
-//! operations go to the running server's admin endpoint when a server
-//! holds the data directory, and work on the devices directly when none
-//! does (volume changes need the server stopped).
+//! and volume operations go to the running server's admin endpoint when a
+//! server holds the data directory, and work on the devices directly when
+//! none does, with the same output.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -28,9 +28,9 @@ pub enum PoolCommand {
     List(ListArgs),
     /// Forget the error counts of every member of a pool, or of one, once their cause is dealt with.
     Clear(ClearArgs),
-    /// Forget a pool in this data directory; its devices keep it, for `weir pool import` here or on another machine (server stopped).
+    /// Forget a pool in this data directory (a running server first disconnects its volumes' clients and closes it); its devices keep it, for `weir pool import` here or on another machine.
     Export(PoolNameArgs),
-    /// Erase a pool's labels from its devices and forget it, so the devices are free (server stopped; the data is not wiped).
+    /// Erase a pool's labels from its devices and forget it, so the devices are free (a running server first disconnects its volumes' clients and closes it; the data is not wiped).
     Destroy(PoolNameArgs),
     /// Take a member out of service on the running server (it gets no I/O; the pool serves DEGRADED) until `online` or a restart.
     Offline(MemberArgs),
@@ -155,17 +155,19 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PoolCommand::Export(args) => {
-            print!(
-                "{}",
-                crate::pool::lifecycle::export(&args.pool, &args.data_dir)?
-            );
+            let text = match running_server(&args.data_dir)? {
+                Some(client) => client.call("POST", "/v1/pool/export", &[("pool", &args.pool)])?,
+                None => crate::pool::lifecycle::export(&args.pool, &args.data_dir)?,
+            };
+            print!("{text}");
             Ok(())
         }
         PoolCommand::Destroy(args) => {
-            print!(
-                "{}",
-                crate::pool::lifecycle::destroy(&args.pool, &args.data_dir)?
-            );
+            let text = match running_server(&args.data_dir)? {
+                Some(client) => client.call("POST", "/v1/pool/destroy", &[("pool", &args.pool)])?,
+                None => crate::pool::lifecycle::destroy(&args.pool, &args.data_dir)?,
+            };
+            print!("{text}");
             Ok(())
         }
         PoolCommand::Offline(args) => {
@@ -207,7 +209,18 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PoolCommand::Create(args) => {
+            if let Some(client) = running_server(&args.data_dir)? {
+                let layout = absolute_devices(&args.layout);
+                let mut query = vec![("name", args.name.as_str()), ("layout", layout.as_str())];
+                if args.force {
+                    query.push(("force", "1"));
+                }
+                print!("{}", client.call("POST", "/v1/pool/create", &query)?);
+                return Ok(());
+            }
+            let lock = crate::pool::data_dir::lock_data_dir(&args.data_dir)?;
             crate::pool::create::create(&args.name, &args.layout, args.force, &args.data_dir)?;
+            drop(lock);
             print!(
                 "{}",
                 crate::pool::status::status(Some(&args.name), &args.data_dir)?
@@ -237,6 +250,15 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Sched(args) => sched(&args),
         PoolCommand::ReadPolicy(args) => read_policy(&args),
         PoolCommand::Import(args) => {
+            if let Some(client) = running_server(&args.data_dir)? {
+                let devices = absolute_devices(&args.devices);
+                let mut query = vec![("devices", devices.as_str())];
+                if args.force {
+                    query.push(("force", "1"));
+                }
+                print!("{}", client.call("POST", "/v1/pool/import", &query)?);
+                return Ok(());
+            }
             let name = crate::pool::import::import_new(&args.devices, &args.data_dir, args.force)?;
             print!(
                 "{}",
@@ -286,6 +308,35 @@ fn replace(args: &ReplaceArgs) -> anyhow::Result<()> {
         crate::pool::status::status(Some(&args.pool), &args.data_dir)?
     );
     Ok(())
+}
+
+/// The admin endpoint of the server holding `data_dir`; None when no
+/// server runs there (the command works on the devices itself).
+fn running_server(data_dir: &Path) -> anyhow::Result<Option<AdminClient>> {
+    if !data_dir.is_dir() {
+        return Ok(None);
+    }
+    match crate::pool::data_dir::try_lock_data_dir(data_dir)? {
+        Some(_free) => Ok(None),
+        None => AdminClient::for_data_dir(data_dir).map(Some),
+    }
+}
+
+/// Device paths as the server, whose working directory is its own, can
+/// open them; one per line. `mirror` and device models stay as given.
+fn absolute_devices(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|word| {
+            let path = word.strip_prefix("file:").unwrap_or(word);
+            if word == "mirror" || word.starts_with("model:") {
+                word.clone()
+            } else {
+                std::path::absolute(path).map_or_else(|_| word.clone(), |p| p.display().to_string())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The running server's admin endpoint, for what only a serving pool has.
@@ -350,8 +401,10 @@ pub enum VolumeCommand {
     Create(VolumeCreateArgs),
     /// Every volume of every registered pool (or of one).
     List(VolumeListArgs),
-    /// Remove a volume and free its space.
+    /// Remove a volume and free its space (a running server disconnects its clients first).
     Delete(VolumeDeleteArgs),
+    /// Change a volume's size (a running server disconnects its clients, who see the new size when they reconnect).
+    Resize(VolumeResizeArgs),
 }
 
 #[derive(Args)]
@@ -375,6 +428,17 @@ pub struct VolumeListArgs {
 }
 
 #[derive(Args)]
+pub struct VolumeResizeArgs {
+    /// POOL/NAME
+    name: String,
+    /// The new size: it grows into free space right after the volume, or shrinks.
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    size: u64,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
+}
+
+#[derive(Args)]
 pub struct VolumeDeleteArgs {
     /// POOL/NAME
     name: String,
@@ -386,16 +450,61 @@ pub fn volume_main(command: VolumeCommand) -> anyhow::Result<()> {
     match command {
         VolumeCommand::Create(args) => {
             let block = u32::try_from(args.block_size).unwrap_or(u32::MAX);
-            volumes::create(&args.name, args.size, block, &args.data_dir)?;
+            let Some(client) = running_server(&args.data_dir)? else {
+                volumes::create(&args.name, args.size, block, &args.data_dir)?;
+                print!(
+                    "{}",
+                    volumes::list(args.name.split('/').next(), &args.data_dir)?
+                );
+                return Ok(());
+            };
+            let (size, block) = (args.size.to_string(), block.to_string());
+            let query = [
+                ("name", args.name.as_str()),
+                ("size", size.as_str()),
+                ("block", block.as_str()),
+            ];
+            client.call("POST", "/v1/volume/create", &query)?;
+            let pool = args.name.split('/').next().unwrap_or_default();
             print!(
                 "{}",
-                volumes::list(args.name.split('/').next(), &args.data_dir)?
+                client.call("GET", "/v1/volume/list", &[("pool", pool)])?
             );
         }
         VolumeCommand::List(args) => {
-            print!("{}", volumes::list(args.pool.as_deref(), &args.data_dir)?)
+            let text = match running_server(&args.data_dir)? {
+                Some(client) => {
+                    let query: Vec<(&str, &str)> =
+                        args.pool.iter().map(|p| ("pool", p.as_str())).collect();
+                    client.call("GET", "/v1/volume/list", &query)?
+                }
+                None => volumes::list(args.pool.as_deref(), &args.data_dir)?,
+            };
+            print!("{text}");
         }
-        VolumeCommand::Delete(args) => volumes::delete(&args.name, &args.data_dir)?,
+        VolumeCommand::Delete(args) => match running_server(&args.data_dir)? {
+            Some(client) => {
+                print!(
+                    "{}",
+                    client.call("POST", "/v1/volume/delete", &[("name", &args.name)])?
+                );
+            }
+            None => {
+                volumes::delete(&args.name, &args.data_dir)?;
+                println!("volume {} deleted", args.name);
+            }
+        },
+        VolumeCommand::Resize(args) => match running_server(&args.data_dir)? {
+            Some(client) => {
+                let size = args.size.to_string();
+                let query = [("name", args.name.as_str()), ("size", size.as_str())];
+                print!("{}", client.call("POST", "/v1/volume/resize", &query)?);
+            }
+            None => print!(
+                "{}",
+                volumes::resize(&args.name, args.size, &args.data_dir)?
+            ),
+        },
     }
     Ok(())
 }

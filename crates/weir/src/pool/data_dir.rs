@@ -13,7 +13,7 @@ pub fn lock_data_dir(data_dir: &Path) -> anyhow::Result<std::fs::File> {
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
     try_lock_data_dir(data_dir)?.with_context(|| {
         format!(
-            "{} is in use by a running weir serve; stop it first (creating pools, importing them and changing volumes are done with the server stopped)",
+            "{} is in use by a running weir serve with no admin endpoint (admin = \"none\"); stop it, or start it with one so that it takes this change",
             data_dir.display()
         )
     })

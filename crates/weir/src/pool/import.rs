@@ -260,6 +260,11 @@ pub fn import_devices(
 /// them; members not given are registered as `missing:ID`, to be replaced.
 pub fn import_new(texts: &[String], data_dir: &Path, force: bool) -> anyhow::Result<String> {
     let _lock = lock_data_dir(data_dir)?;
+    register_found(texts, data_dir, force)
+}
+
+/// `import_new` by the holder of the data directory's lock (the server).
+pub fn register_found(texts: &[String], data_dir: &Path, force: bool) -> anyhow::Result<String> {
     let identities: Vec<String> = texts.iter().map(|t| identity(t)).collect();
     let found = import(&identities, true, force)?;
     if let Some(why) = found.refused.first() {

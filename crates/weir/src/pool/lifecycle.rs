@@ -1,8 +1,9 @@
 //! `weir pool export` and `weir pool destroy`: a pool leaves this data
 //! directory. Export only forgets it here (its devices keep it, for
 //! `weir pool import` on this machine or another); destroy also erases
-//! its labels, so that its devices are free for a new pool. Both need the
-//! server stopped, like every change to the registry.
+//! its labels, so that its devices are free for a new pool. A running
+//! server closes the pool first (service/live.rs); without one, the CLI
+//! takes the data directory's lock.
 
 use std::path::Path;
 
@@ -17,6 +18,11 @@ use super::registry::{RegisteredPool, Registry};
 /// Forget `name` in `data_dir`; its devices are untouched.
 pub fn export(name: &str, data_dir: &Path) -> anyhow::Result<String> {
     let _lock = lock_data_dir(data_dir)?;
+    export_held(name, data_dir)
+}
+
+/// `export` by the holder of the data directory's lock (the server).
+pub fn export_held(name: &str, data_dir: &Path) -> anyhow::Result<String> {
     let pool = unregister(name, data_dir)?;
     let devices: Vec<&str> = pool
         .devices
@@ -35,6 +41,11 @@ pub fn export(name: &str, data_dir: &Path) -> anyhow::Result<String> {
 /// alone, and one that cannot be opened is named.
 pub fn destroy(name: &str, data_dir: &Path) -> anyhow::Result<String> {
     let _lock = lock_data_dir(data_dir)?;
+    destroy_held(name, data_dir)
+}
+
+/// `destroy` by the holder of the data directory's lock (the server).
+pub fn destroy_held(name: &str, data_dir: &Path) -> anyhow::Result<String> {
     let registry = Registry::load(data_dir)?;
     let pool = registry
         .pool

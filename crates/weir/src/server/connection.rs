@@ -28,7 +28,7 @@ use weir_nbd::{
 
 use super::access::Client;
 use super::budget::Budget;
-use super::exports::{ClientView, Exports};
+use super::exports::{ClientView, Export, Exports};
 use super::idle_spin::IdleSpin;
 use super::outbox::{Body, Outbox, Reply};
 use super::read_buffer::ReadBuffer;
@@ -404,9 +404,14 @@ fn error_body(err: &io::Error, what: &'static str) -> Body {
 }
 
 fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer: &str) {
-    let export = exports
-        .find(&negotiated.export.name)
-        .expect("negotiated export exists");
+    // Gone since the handshake (removed through the admin endpoint).
+    let Some(export) = exports.find(&negotiated.export.name) else {
+        return tracing::info!(
+            peer,
+            export = negotiated.export.name,
+            "export removed: closing"
+        );
+    };
     let volume = Arc::clone(&export.volume);
     let session = Session {
         size_bytes: volume.size_bytes(),
@@ -434,6 +439,15 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
     }
     let budget = Arc::new(budget);
     let id = NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed);
+    match stream.try_clone().map(|handle| export.attach(id, handle)) {
+        Ok(true) => {}
+        Ok(false) => return tracing::info!(peer, export = export.name, "export removed: closing"),
+        Err(err) => return tracing::warn!(peer, error = %err, "cannot set up connection"),
+    }
+    let _attached = Attached {
+        export: &export,
+        id,
+    };
     let outbox = match Outbox::new(
         id,
         writer_stream,
@@ -509,6 +523,18 @@ fn transmission(stream: Stream, exports: &Exports, negotiated: Negotiated, peer:
     if let Some(tls) = closer.as_mut().and_then(Stream::tls) {
         // Every reply is out: tell the client the stream ends here.
         let _ = tls.close_notify();
+    }
+}
+
+/// Connection `id` counts as `export`'s while this lives.
+struct Attached<'a> {
+    export: &'a Export,
+    id: u64,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.export.detach(self.id);
     }
 }
 
@@ -717,12 +743,8 @@ mod tests {
         });
         let device = Arc::new(crate::device::mem::MemDevice::new(1 << 20));
         let store = crate::pool::SingleDevice::new(crate::sched::DeviceQueue::new(device));
-        let export = crate::server::Export {
-            name: "a".into(),
-            description: String::new(),
-            volume: Arc::new(Volume::new(Arc::new(store), false)),
-            policy: Default::default(),
-        };
+        let volume = Volume::new(Arc::new(store), false);
+        let export = crate::server::Export::new("a", "", volume, Default::default());
         let exports = Exports::new(vec![export], 1 << 20);
         let started = Instant::now();
         let result = handshake_within(

@@ -1,13 +1,22 @@
 //! The server's exports, what each advertises to clients, and the TLS
-//! they are offered over.
+//! they are offered over. Exports come and go while the server runs (pool
+//! volumes created and destroyed through the admin endpoint): a removed
+//! export takes no new clients and closes its open connections once their
+//! replies are out.
 
+use std::collections::HashMap;
+use std::net::Shutdown;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use weir_nbd::consts::*;
 use weir_nbd::{Access, BlockSize, ExportCatalog, ExportDetails};
 
 use super::access::{Client, Policy};
 use super::shared_budget::SharedBudget;
+use super::stream::Stream;
 use super::tls::Tls;
 use crate::volume::Volume;
 
@@ -16,10 +25,90 @@ pub struct Export {
     pub description: String,
     pub volume: Arc<Volume>,
     pub policy: Policy,
+    connections: Mutex<Connections>,
+    ended: Condvar,
+}
+
+/// The connections serving an export, by id, for closing them.
+#[derive(Default)]
+struct Connections {
+    retired: bool,
+    open: HashMap<u64, Stream>,
+}
+
+/// After a removed export's grace, its connections get this long to end
+/// once their sockets are closed.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+impl Export {
+    pub fn new(name: &str, description: &str, volume: Volume, policy: Policy) -> Export {
+        Export {
+            name: name.into(),
+            description: description.into(),
+            volume: Arc::new(volume),
+            policy,
+            connections: Mutex::default(),
+            ended: Condvar::new(),
+        }
+    }
+
+    /// Count connection `id` as this export's, with a handle on its
+    /// socket; false once the export is removed (the client is refused).
+    pub fn attach(&self, id: u64, stream: Stream) -> bool {
+        let mut connections = self.connections.lock();
+        if connections.retired {
+            return false;
+        }
+        connections.open.insert(id, stream);
+        true
+    }
+
+    pub fn detach(&self, id: u64) {
+        self.connections.lock().open.remove(&id);
+        self.ended.notify_all();
+    }
+
+    /// Take no new connections and end the open ones as a server shutdown
+    /// does: their read side is closed, so each finishes the requests it
+    /// has and ends; a client that does not take its replies within
+    /// `grace` has its socket closed. True if all ended.
+    pub fn retire(&self, grace: Duration) -> bool {
+        let mut connections = self.connections.lock();
+        connections.retired = true;
+        for stream in connections.open.values() {
+            stream.shutdown(Shutdown::Read);
+        }
+        let all_ended = |connections: &mut parking_lot::MutexGuard<'_, Connections>,
+                         limit: Duration| {
+            let deadline = Instant::now() + limit;
+            while !connections.open.is_empty() {
+                if self.ended.wait_until(connections, deadline).timed_out() {
+                    return connections.open.is_empty();
+                }
+            }
+            true
+        };
+        if all_ended(&mut connections, grace) {
+            return true;
+        }
+        tracing::warn!(
+            export = self.name,
+            "{} connection(s) not finished after {grace:?}: closing them",
+            connections.open.len()
+        );
+        for stream in connections.open.values() {
+            stream.shutdown(Shutdown::Both);
+        }
+        all_ended(&mut connections, CLOSE_WAIT)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.lock().open.len()
+    }
 }
 
 pub struct Exports {
-    exports: Vec<Export>,
+    exports: RwLock<Vec<Arc<Export>>>,
     payload_bytes_max: u32,
     tls: Option<Tls>,
     in_flight: Option<Arc<SharedBudget>>,
@@ -29,11 +118,10 @@ pub struct Exports {
 const PREFERRED_BLOCK_BYTES: u32 = 4096;
 
 impl Exports {
-    /// `exports` must not be empty; the first is the default export ("").
+    /// The first is the default export (""), while it lasts.
     pub fn new(exports: Vec<Export>, payload_bytes_max: u32) -> Exports {
-        assert!(!exports.is_empty(), "a server needs at least one export");
         Exports {
-            exports,
+            exports: RwLock::new(exports.into_iter().map(Arc::new).collect()),
             payload_bytes_max,
             tls: None,
             in_flight: None,
@@ -63,15 +151,33 @@ impl Exports {
         self.tls.as_ref()
     }
 
-    pub fn all(&self) -> &[Export] {
-        &self.exports
+    pub fn all(&self) -> Vec<Arc<Export>> {
+        self.exports.read().clone()
     }
 
-    pub fn find(&self, name: &str) -> Option<&Export> {
+    pub fn find(&self, name: &str) -> Option<Arc<Export>> {
+        let exports = self.exports.read();
         if name.is_empty() {
-            return self.exports.first();
+            return exports.first().cloned();
         }
-        self.exports.iter().find(|e| e.name == name)
+        exports.iter().find(|e| e.name == name).cloned()
+    }
+
+    /// Serve `export` from now on; its name must be new.
+    pub fn add(&self, export: Export) -> anyhow::Result<()> {
+        let mut exports = self.exports.write();
+        if exports.iter().any(|e| e.name == export.name) {
+            anyhow::bail!("an export named {:?} is already served", export.name);
+        }
+        exports.push(Arc::new(export));
+        Ok(())
+    }
+
+    /// Stop offering `name` to new clients; the caller retires it.
+    pub fn remove(&self, name: &str) -> Option<Arc<Export>> {
+        let mut exports = self.exports.write();
+        let index = exports.iter().position(|e| e.name == name)?;
+        Some(exports.remove(index))
     }
 
     pub fn payload_bytes_max(&self) -> u32 {
@@ -127,7 +233,7 @@ pub struct ClientView<'a> {
 impl ExportCatalog for ClientView<'_> {
     fn export(&self, name: &str) -> Option<ExportDetails> {
         let export = self.exports.find(name)?;
-        let mut details = self.exports.details(export);
+        let mut details = self.exports.details(&export);
         details.access = export.policy.access(self.client);
         if export.policy.read_only_for(self.client) {
             details.transmission_flags = Exports::read_only_flags(details.transmission_flags);

@@ -39,6 +39,7 @@ mod repair;
 pub mod select;
 mod status;
 mod volume;
+mod volume_tables;
 mod write;
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -215,8 +216,10 @@ pub struct PoolData {
     beats: AtomicU64,
     /// Set once a clean close has cleared the stamps.
     released: AtomicBool,
-    /// Logical chunks the volume table reserves, for `pool list`.
-    allocated_chunks: AtomicU64,
+    /// The volumes, as every member's table holds them (volume_tables.rs).
+    volume_table: Mutex<crate::pool::volume_table::VolumeTable>,
+    /// No member it opened with holds a readable table (volume_tables.rs).
+    volume_table_unreadable: AtomicBool,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -351,6 +354,7 @@ impl PoolData {
             .flat_map(|g| g.writable())
             .any(|(_, a)| a.device().info().rotational);
         let workers = Workers::start("weir-pool", workers)?;
+        let loaded_table = volume_tables::load(&opened);
         let data = Arc::new_cyclic(|me| PoolData {
             me: me.clone(),
             name: pool.label.pool_name.clone(),
@@ -371,10 +375,15 @@ impl PoolData {
             holder: crate::pool::takeover::this_process(),
             beats: AtomicU64::new(0),
             released: AtomicBool::new(false),
-            allocated_chunks: AtomicU64::new(0),
+            volume_table: Mutex::new(loaded_table.table),
+            volume_table_unreadable: AtomicBool::new(loaded_table.unreadable),
         });
         // Sealed before recovery writes anything the absent members miss.
         data.seal_membership()?;
+        data.heal_volume_tables(&loaded_table.heal);
+        if loaded_table.unreadable {
+            tracing::error!(pool = data.name, "{}", data.unreadable_table_text());
+        }
         data.hold();
         for index in 0..data.groups.len() {
             data.recover_group(index)?;
@@ -476,12 +485,8 @@ impl PoolData {
 
     /// Bytes the pool's volumes reserve.
     pub fn allocated_bytes(&self) -> u64 {
-        self.allocated_chunks.load(Ordering::Relaxed) * CHUNK_BYTES
-    }
-
-    /// Record what the volume table reserves (read when the pool opened).
-    pub fn set_allocated_chunks(&self, chunks: u64) {
-        self.allocated_chunks.store(chunks, Ordering::Relaxed);
+        let table = self.volume_table.lock();
+        table.volumes.iter().map(|v| v.chunks).sum::<u64>() * CHUNK_BYTES
     }
 
     pub fn groups(&self) -> usize {

@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use super::io_ops::{read_at, run_all, run_one, write_op};
+use super::io_ops::{run_all, run_one, write_op};
 use super::read::ReadSource;
 use super::{io_err, Attached, Health, PoolData, BLOCKS_PER_CHUNK, CHUNK_BYTES, DATA_BLOCK_BYTES};
 use crate::device::{AlignedBuf, Device, DeviceOp};
-use crate::pool::geometry::{Piece, VOLUME_TABLE_BYTES};
+use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
 use crate::sched::IoClass;
 
@@ -60,6 +60,9 @@ impl PoolData {
     /// verify it, and rewrite bad copies from a good one. Chunks that hold
     /// no data cost no I/O.
     pub fn scrub_chunk(&self, group_index: usize, chunk: u64) -> io::Result<ScrubResult> {
+        if chunk == 0 {
+            self.scrub_volume_tables(group_index);
+        }
         for slot in self.scrub_copies(group_index) {
             self.scrub_chunk_entries(group_index, slot, chunk);
         }
@@ -314,13 +317,15 @@ impl PoolData {
                 self.stripe.chunks_per_group
             )));
         }
-        let source = self.groups[group]
+        if !self.groups[group]
             .readable()
-            .into_iter()
-            .find(|(m, _)| *m != member)
-            .ok_or_else(|| {
-                io_err("the member holds its group's only complete copy; add another first".into())
-            })?;
+            .iter()
+            .any(|(m, _)| *m != member)
+        {
+            return Err(io_err(
+                "the member holds its group's only complete copy; add another first".into(),
+            ));
+        }
         {
             let mut config = self.config.lock();
             let slot = &self.groups[group].slots[member];
@@ -353,14 +358,7 @@ impl PoolData {
             );
         }
         // The volume table, then every metadata page, before any data.
-        let table = read_at(
-            &source.1,
-            IoClass::Resilver,
-            source.1.regions.volume_table.0,
-            VOLUME_TABLE_BYTES,
-        )?;
-        let op = write_op(attached.regions.volume_table.0, table.as_slice(), true);
-        let written = run_one(&attached, IoClass::Resilver, op).result;
+        let written = self.write_volume_table_to(&attached);
         let copied = written.and_then(|()| self.copy_metadata(group));
         if let Err(err) = copied {
             self.fault(group, member, &format!("cannot copy metadata: {err}"));

@@ -21,6 +21,10 @@
 //! - heartbeats rewriting the first label copy between all of these, and
 //!   a member another process stamps as its own (taken over from another
 //!   host), which the label check faults and a replacement rebuilds;
+//! - the volume table changing (volumes created and deleted on the running
+//!   server) between all of these, and one copy of it damaged: the pool
+//!   serves the last table it acknowledged after every crash, and every
+//!   member in service, a returning or replacing one too, holds it;
 //! - scrub steps between the operations.
 //!
 //! After the faults stop, a scrub must make every copy identical and
@@ -45,13 +49,14 @@ use std::sync::Arc;
 use super::disk::{Gate, SimDisk, SECTOR};
 use super::{any_copy, Fixture, DISK_BYTES};
 use crate::device::Device;
-use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
+use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES, CHUNK_BYTES, VOLUME_TABLE_BYTES};
 use crate::pool::holder::Holder;
 use crate::pool::integrity::BlockSum;
 use crate::pool::label::choose;
 use crate::pool::members::{read_labels, write_labels};
 use crate::pool::mirror::{Health, PoolData, BLOCKS_PER_CHUNK, DATA_BLOCK_BYTES};
 use crate::pool::takeover::this_process;
+use crate::pool::volume_table::{VolumeEntry, VolumeTable};
 use crate::rng::Rng;
 use crate::sched::IoClass;
 
@@ -190,6 +195,8 @@ struct Run {
     replacements: usize,
     /// Silent corruption may be present: scrub before any power loss.
     corrupt_epoch: bool,
+    /// The volume table as last acknowledged.
+    volume_table: VolumeTable,
     /// What happened, for the failure message.
     history: Vec<String>,
 }
@@ -386,6 +393,7 @@ impl Run {
         }
         self.pool.take().expect("open").crash();
         self.reopen();
+        self.check_volume_tables("after power loss")?;
         let mut out = vec![0u8; RANGE_BLOCKS as usize * BLOCK];
         self.pool()
             .read(0, &mut out, IoClass::SyncRead, &any_copy())
@@ -423,7 +431,11 @@ impl Run {
         let regions = DeviceRegions::plan(DISK_BYTES).expect("fits");
         let blocks_per_group = RANGE_BLOCKS / groups as u64 + BLOCKS_PER_CHUNK;
         let bit = self.rng.below(8) as u8;
-        let what = match self.rng.below(4) {
+        let what = match self.rng.below(5) {
+            4 => {
+                disk.flip_bit(regions.volume_table.0 + self.rng.below(64), bit);
+                "volume table".to_string()
+            }
             0 | 1 => {
                 let entry = self.rng.below(blocks_per_group);
                 let at = regions.checksums.0 + entry * CHECKSUM_ENTRY_BYTES;
@@ -483,7 +495,7 @@ impl Run {
             self.history.push("clean restart".into());
             drop(self.pool.take());
             self.reopen();
-            Ok(())
+            self.check_volume_tables("after a clean restart")
         }
     }
 
@@ -636,6 +648,66 @@ impl Run {
     }
 
     /// Open the pool from its disks, less those vanished or left out.
+    /// A volume created or deleted on the running pool.
+    fn change_volume_table(&mut self) -> Result<(), String> {
+        let index = self.rng.below(4);
+        let name = format!("v{index}");
+        let chunks = 1 + self.rng.below(3);
+        let changed = self.pool().change_volume_table(|table| {
+            match table.volumes.iter().position(|v| v.name == name) {
+                Some(at) => drop(table.volumes.remove(at)),
+                None => table.volumes.push(VolumeEntry {
+                    name: name.clone(),
+                    size_bytes: chunks * CHUNK_BYTES,
+                    block_bytes: 4096,
+                    first_chunk: index * 4,
+                    chunks,
+                }),
+            }
+            Ok(())
+        });
+        changed.map_err(|e| format!("changing the volume table: {e:#}"))?;
+        self.volume_table = self.pool().volume_table();
+        self.history.push(format!(
+            "volume table: {name} at generation {}",
+            self.volume_table.generation
+        ));
+        self.check_volume_tables("after a change")
+    }
+
+    /// The pool serves the table last acknowledged, and every member in
+    /// service holds it on disk.
+    fn check_volume_tables(&self, when: &str) -> Result<(), String> {
+        let pool = self.pool();
+        if pool.volume_table() != self.volume_table {
+            return Err(format!(
+                "{when}: the pool serves volume table generation {}, {} was acknowledged",
+                pool.volume_table().generation,
+                self.volume_table.generation
+            ));
+        }
+        if self.volume_table.generation == 0 {
+            return Ok(());
+        }
+        for (g, group) in pool.groups.iter().enumerate() {
+            for (m, slot) in group.slots.iter().enumerate() {
+                if slot.attached().is_none() || slot.health() == Health::Faulted {
+                    continue;
+                }
+                let regions = DeviceRegions::plan(DISK_BYTES).expect("fits");
+                let disk = &self.fixture.disks[self.disk_of(g, m)];
+                let copy = disk.peek(regions.volume_table.0, VOLUME_TABLE_BYTES as usize);
+                if VolumeTable::decode(&copy).as_ref() != Some(&self.volume_table) {
+                    return Err(format!(
+                        "{when}: group {g} member {m} ({}) does not hold the volume table",
+                        slot.health().name()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn reopen(&mut self) {
         let absent: Vec<usize> = self
             .vanished
@@ -759,7 +831,7 @@ impl Run {
             && self.absent.is_none()
             && self.rebuilding.is_none()
             && self.offline.is_none();
-        match self.rng.below(127) {
+        match self.rng.below(130) {
             0..=35 => {
                 let (first, count) = self.random_range(32);
                 let data = self.random_data(count);
@@ -829,6 +901,7 @@ impl Run {
             }
             124 if quiet && self.full.is_none() => self.take_offline()?,
             125 | 126 => self.bring_online()?,
+            127..=129 => self.change_volume_table()?,
             115..=119 => {
                 let group = self.rng.below(self.pool().groups() as u64) as usize;
                 let chunk = self.rng.below(self.pool().chunks_per_group());
@@ -955,6 +1028,7 @@ impl Run {
             ));
         }
         self.check_copies_agree("after scrub")?;
+        self.check_volume_tables("after scrub")?;
         let (again, _) = self.scrub()?;
         if again != 0 {
             return Err(format!("a second scrub repaired {again} more"));
@@ -1011,6 +1085,7 @@ pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
         damaged_labels: Default::default(),
         replacements: 0,
         corrupt_epoch: false,
+        volume_table: VolumeTable::default(),
         history: Vec::new(),
     };
     run.history.push(format!("layout {groups}x{copies}"));

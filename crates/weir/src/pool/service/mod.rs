@@ -1,13 +1,18 @@
-//! The operations on opened pools: status, scrub, replace, metrics. The
-//! running server answers them on its admin endpoint; with no server up,
-//! the CLI opens the pool and runs the same code in its own process.
+//! The operations on opened pools: status, scrub, replace, metrics, and
+//! pools and volumes created and removed (live.rs). The running server
+//! answers them on its admin endpoint; with no server up, the CLI opens
+//! the pool and runs the same code in its own process.
+
+mod live;
+
+pub use live::{Attachments, VolumeHost};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::import::{identity, open_member};
 use super::mirror::select::ReadPolicy;
@@ -39,13 +44,17 @@ impl ScrubAction {
 
 pub struct PoolService {
     data_dir: PathBuf,
-    pools: Vec<Arc<PoolData>>,
+    pools: RwLock<Vec<Arc<PoolData>>>,
     scrubs: Mutex<HashMap<String, Scrub>>,
     /// Write-back caches by export name (POOL/VOLUME for pool volumes).
     caches: Mutex<Vec<(String, Arc<dyn CacheReport>)>>,
     readaheads: Mutex<Vec<(String, Arc<dyn ReadaheadReport>)>>,
     /// Registered pools that did not open, with the reason: UNAVAIL.
-    unavailable: Vec<(String, String)>,
+    unavailable: RwLock<Vec<(String, String)>>,
+    /// Where pools' volumes are served; none in the CLI.
+    host: Option<Arc<dyn VolumeHost>>,
+    /// Pools and volumes change one at a time.
+    changes: Mutex<()>,
 }
 
 impl PoolService {
@@ -54,22 +63,31 @@ impl PoolService {
     pub fn new(data_dir: &Path, pools: Vec<Arc<PoolData>>, resume_background: bool) -> PoolService {
         let service = PoolService {
             data_dir: data_dir.to_path_buf(),
-            pools,
+            pools: RwLock::new(Vec::new()),
             scrubs: Mutex::new(HashMap::new()),
             caches: Mutex::new(Vec::new()),
             readaheads: Mutex::new(Vec::new()),
-            unavailable: Vec::new(),
+            unavailable: RwLock::new(Vec::new()),
+            host: None,
+            changes: Mutex::new(()),
         };
-        for pool in &service.pools {
-            pool.keep_beating();
+        for pool in pools {
+            service.adopt(pool, resume_background);
         }
-        for pool in service.pools.iter().filter(|_| resume_background) {
+        service
+    }
+
+    /// Serve `pool` from now on: its heartbeat, and with
+    /// `resume_background` its interrupted resilvers and scrub.
+    fn adopt(&self, pool: Arc<PoolData>, resume_background: bool) {
+        pool.keep_beating();
+        if resume_background {
             pool.start_resilvers();
             pool.watch_labels();
-            match scrub::load(pool.name(), data_dir) {
+            match scrub::load(pool.name(), &self.data_dir) {
                 Ok(Some(c))
                     if c.state == ScrubState::Running
-                        && c.chunks_total == Checkpoint::new(pool).chunks_total =>
+                        && c.chunks_total == Checkpoint::new(&pool).chunks_total =>
                 {
                     tracing::info!(
                         pool = pool.name(),
@@ -77,41 +95,44 @@ impl PoolService {
                         c.chunks_done,
                         c.chunks_total
                     );
-                    service
-                        .scrubs
+                    self.scrubs
                         .lock()
-                        .insert(pool.name().into(), Scrub::spawn(pool, data_dir, c));
+                        .insert(pool.name().into(), Scrub::spawn(&pool, &self.data_dir, c));
                 }
                 Ok(_) => {}
                 Err(err) => tracing::warn!(pool = pool.name(), "{err:#}"),
             }
         }
-        service
+        self.pools.write().push(pool);
     }
 
     /// Show registered pools that did not open as UNAVAIL, with why.
-    pub fn with_unavailable(mut self, unavailable: Vec<(String, String)>) -> PoolService {
-        self.unavailable = unavailable;
+    pub fn with_unavailable(self, unavailable: Vec<(String, String)>) -> PoolService {
+        *self.unavailable.write() = unavailable;
         self
     }
 
-    /// Whether any pool is registered, open or not.
-    pub fn has_pools(&self) -> bool {
-        !self.pools.is_empty() || !self.unavailable.is_empty()
+    /// Serve the volumes of pools created, imported or changed from now on
+    /// through `host`.
+    pub fn with_host(mut self, host: Arc<dyn VolumeHost>) -> PoolService {
+        self.host = Some(host);
+        self
     }
 
-    pub fn pool(&self, name: &str) -> anyhow::Result<&Arc<PoolData>> {
-        if let Some((_, why)) = self.unavailable.iter().find(|(n, _)| n == name) {
+    pub fn pool(&self, name: &str) -> anyhow::Result<Arc<PoolData>> {
+        if let Some((_, why)) = self.unavailable.read().iter().find(|(n, _)| n == name) {
             bail!("pool {name} is UNAVAIL: {why}");
         }
         self.pools
+            .read()
             .iter()
             .find(|p| p.name() == name)
+            .cloned()
             .with_context(|| format!("no pool named {name:?} is open"))
     }
 
-    pub fn pools(&self) -> &[Arc<PoolData>] {
-        &self.pools
+    pub fn pools(&self) -> Vec<Arc<PoolData>> {
+        self.pools.read().clone()
     }
 
     /// Show the readahead of export `name` in metrics.
@@ -148,22 +169,25 @@ impl PoolService {
 
     pub fn status(&self, name: Option<&str>, verbose: bool) -> anyhow::Result<String> {
         let mut out = String::new();
-        for (pool, why) in &self.unavailable {
+        for (pool, why) in self.unavailable.read().iter() {
             if name.is_none_or(|n| n == pool) {
                 out.push_str(&crate::pool::status::unavailable_text(pool, why));
                 out.push('\n');
             }
         }
-        let pools: Vec<&Arc<PoolData>> = match name {
+        let pools: Vec<Arc<PoolData>> = match name {
             Some(_) if !out.is_empty() => vec![],
             Some(name) => vec![self.pool(name)?],
-            None => self.pools.iter().collect(),
+            None => self.pools(),
         };
         for pool in pools {
             let scan = self
                 .scrub_status(pool.name())?
                 .map(|c| scrub::describe(pool.name(), &c));
             out.push_str(&pool.status_text(scan.as_deref(), verbose));
+            if pool.volume_table_unreadable() {
+                out.push_str(&format!("volumes: {}\n", pool.unreadable_table_text()));
+            }
             out.push_str(&self.cache_lines(pool.name()));
             out.push('\n');
         }
@@ -176,7 +200,7 @@ impl PoolService {
     /// `weir pool list` on the served pools and those that did not open.
     pub fn list(&self) -> String {
         let mut rows: Vec<crate::pool::list::Row> = self
-            .pools
+            .pools()
             .iter()
             .map(|pool| crate::pool::list::Row {
                 name: pool.name().to_string(),
@@ -187,6 +211,7 @@ impl PoolService {
             .collect();
         rows.extend(
             self.unavailable
+                .read()
                 .iter()
                 .map(|(name, _)| crate::pool::list::Row {
                     name: name.clone(),
@@ -202,7 +227,7 @@ impl PoolService {
     /// `weir pool offline`: take a member out of service.
     pub fn offline(&self, name: &str, device: &str) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
-        let (group, member) = self.member_of(pool, name, device)?;
+        let (group, member) = self.member_of(&pool, name, device)?;
         pool.take_offline(group, member)
             .with_context(|| format!("cannot take {device} offline"))?;
         Ok(format!(
@@ -213,7 +238,7 @@ impl PoolService {
     /// `weir pool online`: bring a member taken offline back.
     pub fn online(&self, name: &str, device: &str) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
-        let (group, member) = self.member_of(pool, name, device)?;
+        let (group, member) = self.member_of(&pool, name, device)?;
         pool.bring_online(group, member)
             .with_context(|| format!("cannot bring {device} online"))?;
         Ok(format!(
@@ -271,7 +296,7 @@ impl PoolService {
             (ScrubAction::Resume, Some(_)) => Ok(scrubs[name].checkpoint()),
             (ScrubAction::Start | ScrubAction::Resume, None) => {
                 let previous = scrub::load(name, &self.data_dir)?;
-                let fresh = Checkpoint::new(pool);
+                let fresh = Checkpoint::new(&pool);
                 let from = match previous {
                     Some(c) if c.unfinished() && c.chunks_total == fresh.chunks_total => c,
                     _ if action == ScrubAction::Resume => {
@@ -279,7 +304,7 @@ impl PoolService {
                     }
                     _ => fresh,
                 };
-                let scrub = Scrub::spawn(pool, &self.data_dir, from);
+                let scrub = Scrub::spawn(&pool, &self.data_dir, from);
                 let checkpoint = scrub.checkpoint();
                 scrubs.insert(name.into(), scrub);
                 Ok(checkpoint)
@@ -317,7 +342,7 @@ impl PoolService {
     /// resilvered in the background.
     pub fn replace(&self, name: &str, old: &str, new: &str, force: bool) -> anyhow::Result<String> {
         let pool = self.pool(name)?;
-        let (group, member) = self.member_of(pool, name, old)?;
+        let (group, member) = self.member_of(&pool, name, old)?;
         let new_text = identity(new);
         let specs = pool.member_specs();
         let copies = specs.len() / pool.groups();
@@ -367,7 +392,7 @@ impl PoolService {
     /// Per pool, member and class: the device queue's counters, as JSON.
     pub fn iostat(&self) -> serde_json::Value {
         let rows: Vec<serde_json::Value> = self
-            .pools
+            .pools()
             .iter()
             .flat_map(|pool| pool.iostat_rows())
             .collect();
@@ -377,10 +402,10 @@ impl PoolService {
     /// Every pool's metrics, in the Prometheus/OpenMetrics text format.
     pub fn metrics(&self) -> String {
         let mut samples = Vec::new();
-        for (pool, _) in &self.unavailable {
+        for (pool, _) in self.unavailable.read().iter() {
             crate::pool::status::state_samples(pool, "UNAVAIL", &mut samples);
         }
-        for pool in &self.pools {
+        for pool in self.pools() {
             crate::pool::status::state_samples(pool.name(), pool.state_name(), &mut samples);
             pool.metrics(&mut samples);
         }
@@ -444,7 +469,7 @@ impl PoolService {
         for (_, scrub) in self.scrubs.lock().drain() {
             scrub.shutdown();
         }
-        for pool in &self.pools {
+        for pool in self.pools() {
             pool.close();
         }
     }
@@ -457,7 +482,7 @@ impl Drop for PoolService {
     /// device's completion could not do.
     fn drop(&mut self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        for pool in &self.pools {
+        for pool in self.pools.get_mut().iter() {
             while Arc::strong_count(pool) > 1 && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }

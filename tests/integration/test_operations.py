@@ -1,0 +1,136 @@
+"""An operator's day against one running server, with nothing restarted:
+pools and volumes created, changed and removed while clients are
+connected, a member taken out and replaced, a pool exported and imported
+back, and the data intact throughout."""
+
+import os
+import subprocess
+import unittest
+
+import nbd
+
+from test_pool import MIB, PoolTest
+from weirtest import WEIR, Weir, fetch_metrics, run
+
+
+class LiveAdministration(PoolTest):
+    def connect(self, w, export):
+        h = nbd.NBD()
+        h.connect_uri(w.uri(export))
+        return h
+
+    def exports(self, w):
+        listed = run("nbdinfo", "--list", "--json", w.uri("")).stdout
+        return [line.split('"')[3] for line in listed.splitlines() if '"export-name"' in line]
+
+    def test_an_operator_story_runs_against_one_server_without_a_restart(self):
+        a, b, c = (self.file(n) for n in ("a.img", "b.img", "c.img"))
+        with Weir("--data-dir", self.data) as w:
+            pid = w.proc.pid
+            self.assertIn("state: ONLINE", self.weir("create", "tank", "mirror", a, b).stdout)
+            listed = self.volume("create", "tank/db", "--size", "64M").stdout
+            self.assertIn("tank/db", listed)
+            self.assertIn("tank/db", self.exports(w), "a new volume is exported at once")
+
+            h = self.connect(w, "tank/db")
+            self.assertEqual(h.get_size(), 64 * MIB)
+            first, second = os.urandom(4 * MIB), os.urandom(4 * MIB)
+            h.pwrite(first, 0)
+            h.flush()
+
+            # A member out of service: the pool serves DEGRADED, the client goes on.
+            self.weir("offline", "tank", a)
+            self.assertIn("state: DEGRADED", self.weir("status", "tank").stdout)
+            h.pwrite(second, 8 * MIB)
+            h.flush()
+            self.assertEqual(h.pread(4 * MIB, 8 * MIB), second)
+
+            replaced = self.weir("replace", "tank", a, c, "--wait")
+            self.assertEqual(replaced.stderr.strip().splitlines()[-1], "resilver: finished; pool ONLINE")
+            status = self.weir("status", "tank").stdout
+            self.assertEqual(self.status_row(status, c)[0], "ONLINE")
+            self.assertNotIn(a, status)
+            self.assertIn("error counts of 2 members cleared", self.weir("clear", "tank").stdout)
+
+            # A volume with a client on it is deleted: the client is
+            # disconnected, the volume is gone and its space is free.
+            self.volume("create", "tank/scratch", "--size", "16M")
+            scratch = self.connect(w, "tank/scratch")
+            scratch.pwrite(b"s" * 4096, 0)
+            self.assertIn("volume tank/scratch deleted", self.volume("delete", "tank/scratch").stdout)
+            with self.assertRaises(nbd.Error):
+                scratch.pread(4096, 0)
+            self.assertNotIn("tank/scratch", self.volume("list").stdout)
+            self.assertNotIn("tank/scratch", self.exports(w))
+            # Its space, reused, reads as zeroes.
+            self.volume("create", "tank/fresh", "--size", "16M")
+            fresh = self.connect(w, "tank/fresh")
+            self.assertEqual(fresh.pread(4096, 0), bytes(4096))
+            fresh.shutdown()
+
+            # Resize: the client is disconnected and sees the new size on
+            # reconnecting; the data stays.
+            resized = self.volume("resize", "tank/db", "--size", "48M", check=False)
+            self.assertEqual(resized.returncode, 0, resized.stderr)
+            with self.assertRaises(nbd.Error):
+                h.pread(4096, 0)
+            h = self.connect(w, "tank/db")
+            self.assertEqual(h.get_size(), 48 * MIB)
+            self.assertEqual(h.pread(4 * MIB, 0), first)
+            h.shutdown()
+
+            # Export the pool and import it back from its devices.
+            exported = self.weir("export", "tank").stdout
+            self.assertIn("pool tank exported", exported)
+            self.assertNotIn("tank", self.weir("list").stdout)
+            self.assertNotIn("tank/db", self.exports(w))
+            imported = self.weir("import", c, b).stdout
+            self.assertIn("state: ONLINE", imported)
+            h = self.connect(w, "tank/db")
+            self.assertEqual(h.pread(4 * MIB, 0), first)
+            self.assertEqual(h.pread(4 * MIB, 8 * MIB), second)
+            h.shutdown()
+            scrubbed = run(WEIR, "scrub", "start", "tank", "--wait", "--data-dir", self.data, timeout=120).stdout
+            self.assertIn("0 repaired, 0 unrecoverable", scrubbed)
+            self.assertIn('weir_pool_state{pool="tank",state="ONLINE"} 1', fetch_metrics(self.data))
+
+            # Destroy: the devices are free for a new pool (with --force,
+            # as they hold data), all on the same server.
+            self.assertIn("pool tank destroyed", self.weir("destroy", "tank").stdout)
+            self.assertIn("holds data", self.weir("create", "new", "mirror", b, c, check=False).stderr)
+            self.weir("create", "new", "mirror", b, c, "--force")
+            self.assertIn("new", self.weir("list").stdout)
+
+            self.assertTrue(w.alive())
+            self.assertEqual(w.proc.pid, pid)
+            self.assertEqual(w.stop(), 0)
+
+    def test_changes_that_cannot_be_made_are_refused_and_the_server_keeps_serving(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        with Weir("--data-dir", self.data) as w:
+            self.weir("create", "tank", "mirror", a, b)
+            self.volume("create", "tank/one", "--size", "16M")
+            self.volume("create", "tank/two", "--size", "16M")
+            cases = [
+                (("volume", "create", "tank/one", "--size", "1M"), "already exists"),
+                (("volume", "create", "tank/big", "--size", "100G"), "has no room"),
+                (("volume", "create", "nosuch/v", "--size", "1M"), "no pool named"),
+                (("volume", "resize", "tank/one", "--size", "64M"), "cannot grow"),
+                (("volume", "delete", "tank/nosuch"), "no volume tank/nosuch"),
+                (("pool", "create", "tank", "mirror", a, b), "already exists"),
+                (("pool", "export", "nosuch"), "no pool named"),
+            ]
+            for args, message in cases:
+                result = run(WEIR, *args, "--data-dir", self.data, check=False)
+                self.assertNotEqual(result.returncode, 0, args)
+                self.assertIn(message, result.stderr, args)
+                self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+            h = self.connect(w, "tank/two")
+            h.pwrite(b"x" * 4096, 0)
+            self.assertEqual(h.pread(4096, 0), b"x" * 4096)
+            h.shutdown()
+            self.assertEqual(w.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
