@@ -443,6 +443,30 @@ class Import(PoolTest):
         self.assertIn("holds data", self.weir("create", "new", "mirror", a, b, check=False).stderr)
         self.weir("create", "new", "mirror", a, b, "--force")
 
+    def test_import_with_no_devices_lists_what_it_finds_and_imports_by_name(self):
+        devices = os.path.join(self.dir, "devices")
+        os.mkdir(devices)
+        a, b, c = (self.file(os.path.join("devices", n)) for n in ("a.img", "b.img", "c.img"))
+        self.weir("create", "tank", "mirror", a, b)
+        self.weir("create", "solo", c)
+        self.volume("create", "tank/disk", "--size", "8M")
+        self.weir("export", "tank")
+        listed = self.weir("import", "--dir", devices).stdout
+        self.assertIn("pool: tank", listed)
+        self.assertIn("state: ONLINE", listed)
+        self.assertIn(f"action: weir pool import tank --dir {devices}", listed)
+        self.assertNotIn("solo", listed, "a registered pool is not offered")
+        # Through a running server, by name.
+        with Weir("--data-dir", self.data) as w:
+            imported = self.weir("import", "tank", "--dir", devices).stdout
+            self.assertIn("state: ONLINE", imported)
+            self.assertIn("tank/disk", self.volume("list").stdout)
+            missing = self.weir("import", "nosuch", "--dir", devices, check=False)
+            self.assertNotEqual(missing.returncode, 0)
+            self.assertIn('no pool named "nosuch"', missing.stderr)
+            self.assertEqual(w.stop(), 0)
+        self.assertIn("no pools to import", self.weir("import", "--dir", devices).stdout)
+
     def test_a_served_member_is_refused_by_a_second_server_import_and_create(self):
         a, b, c = (self.file(n) for n in ("a.img", "b.img", "c.img"))
         self.weir("create", "tank", "mirror", a, b)

@@ -38,7 +38,7 @@ pub enum PoolCommand {
     Online(OnlineArgs),
     /// Put NEW in place of member OLD (failed or not) and resilver onto it.
     Replace(ReplaceArgs),
-    /// Register the pool found on these devices by their labels (disks moved, or a registry lost).
+    /// Register the pool found on these devices by their labels (disks moved, or a registry lost); with no devices, list the pools found in /dev and the data directory (or --dir).
     Import(ImportArgs),
     /// Show or set the device queues' mode: fifo, zfs or adaptive (at run time when served).
     Sched(SchedArgs),
@@ -48,9 +48,16 @@ pub enum PoolCommand {
 
 #[derive(Args)]
 pub struct ImportArgs {
-    /// The pool's devices; members not given are registered as missing.
-    #[arg(required = true, num_args = 1..)]
+    /// The pool's devices (members not given are registered as missing);
+    /// or the name or id of a pool found in the --dir directories; none:
+    /// list the pools found there.
+    #[arg(num_args = 0..)]
     devices: Vec<String>,
+    /// A directory to look in for devices that carry weir labels (files
+    /// and block devices directly in it), again for more [default: /dev
+    /// and the data directory].
+    #[arg(long = "dir")]
+    dirs: Vec<PathBuf>,
     /// Take devices whose label names another weir as holder once its
     /// heartbeat is seen to have stopped (a server that crashed on another
     /// host). A holder whose heartbeat goes on is never taken.
@@ -249,7 +256,24 @@ pub fn main(command: PoolCommand) -> anyhow::Result<()> {
         PoolCommand::Replace(args) => replace(&args),
         PoolCommand::Sched(args) => sched(&args),
         PoolCommand::ReadPolicy(args) => read_policy(&args),
-        PoolCommand::Import(args) => {
+        PoolCommand::Import(mut args) => {
+            let by_name = args.devices.len() == 1 && !Path::new(&args.devices[0]).exists();
+            if args.devices.is_empty() || by_name {
+                let dirs_given = !args.dirs.is_empty();
+                if !dirs_given {
+                    args.dirs = vec![PathBuf::from("/dev"), args.data_dir.clone()];
+                }
+                let registered = crate::pool::registry::registered_ids(&args.data_dir)?;
+                let found = crate::pool::scan::scan(&args.dirs, &registered);
+                if !by_name {
+                    print!(
+                        "{}",
+                        crate::pool::scan::render(&found, &args.dirs, dirs_given)
+                    );
+                    return Ok(());
+                }
+                args.devices = crate::pool::scan::devices_of(&found, &args.devices[0], &args.dirs)?;
+            }
             if let Some(client) = running_server(&args.data_dir)? {
                 let devices = absolute_devices(&args.devices);
                 let mut query = vec![("devices", devices.as_str())];

@@ -18,6 +18,7 @@ pub mod mirror;
 pub mod progress;
 pub mod read_policy;
 pub mod registry;
+pub mod scan;
 pub mod scrub;
 pub mod service;
 pub mod status;

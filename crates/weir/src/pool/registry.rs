@@ -81,6 +81,15 @@ pub fn registered_pools(data_dir: &Path) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
+/// Ids of the registered pools (32 hex digits).
+pub fn registered_ids(data_dir: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(Registry::load(data_dir)?
+        .pool
+        .into_iter()
+        .map(|p| p.id)
+        .collect())
+}
+
 /// Record that the member at `index` (layout order) is now `text`.
 pub fn set_member_spec(
     data_dir: &Path,
