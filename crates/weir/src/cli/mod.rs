@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod pool;
+mod progress;
 pub mod reference;
 
 use clap::{Parser, Subcommand};

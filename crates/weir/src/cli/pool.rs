@@ -3,13 +3,13 @@
 //! server holds the data directory, and work on the devices directly when
 //! none does, with the same output.
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use super::progress::{chunks_in, Progress};
 use crate::admin::client::AdminClient;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::scrub::{self, Checkpoint, ScrubState};
@@ -382,22 +382,16 @@ fn wait_for_served_resilver(client: &AdminClient, pool: &str) -> anyhow::Result<
     })
 }
 
-/// Poll until the resilver ends, echoing its progress line.
+/// Poll until the resilver ends, showing its progress.
 fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyhow::Result<()> {
-    let tty = std::io::stderr().is_terminal();
+    let progress = Progress::new();
     loop {
         let (busy, status) = poll()?;
         if let Some(line) = status.lines().find(|l| l.starts_with("resilver:")) {
-            if tty {
-                eprint!("\r{line}\x1b[K");
-            } else {
-                eprintln!("{line}");
-            }
+            progress.show("resilver", line, chunks_in(line));
         }
         if !busy {
-            if tty {
-                eprintln!();
-            }
+            progress.finish();
             let state = status
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("state:"))
@@ -640,25 +634,19 @@ fn wait_for_scrub(
     pool: &str,
     poll: impl Fn() -> anyhow::Result<Option<Checkpoint>>,
 ) -> anyhow::Result<Option<Checkpoint>> {
-    let tty = std::io::stderr().is_terminal();
+    let progress = Progress::new();
     loop {
         let checkpoint = poll()?;
         let Some(c) = &checkpoint else {
+            progress.finish();
             return Ok(None);
         };
         if c.state != ScrubState::Running {
-            if tty {
-                eprintln!();
-            }
+            progress.finish();
             return Ok(checkpoint);
         }
         let line = scrub::describe(pool, c);
-        if tty {
-            eprint!("\r{line}\x1b[K");
-        } else {
-            eprintln!("{line}");
-        }
-        let _ = std::io::stderr().flush();
+        progress.show("scrub", &line, Some((c.chunks_done, c.chunks_total)));
         std::thread::sleep(PROGRESS_INTERVAL);
     }
 }
