@@ -4,7 +4,9 @@ connected, a member taken out and replaced, a pool exported and imported
 back, and the data intact throughout."""
 
 import os
+import signal
 import subprocess
+import time
 import unittest
 
 import nbd
@@ -129,6 +131,55 @@ class LiveAdministration(PoolTest):
             h.pwrite(b"x" * 4096, 0)
             self.assertEqual(h.pread(4096, 0), b"x" * 4096)
             h.shutdown()
+            self.assertEqual(w.stop(), 0)
+
+
+class Reload(PoolTest):
+    def write_config(self, text):
+        with open(self.config, "w") as f:
+            f.write(text)
+
+    def wait_for_log(self, w, text, count):
+        deadline = time.time() + 20
+        while w.logs().count(text) < count:
+            self.assertLess(time.time(), deadline, f"no {text!r} in the log:\n{w.logs()}")
+            time.sleep(0.05)
+
+    def test_sighup_applies_export_changes_and_refuses_a_broken_file(self):
+        one, two = self.file("one.img", 16 * MIB), self.file("two.img", 16 * MIB)
+        self.config = os.path.join(self.dir, "weir.toml")
+        self.write_config(f'[[export]]\nname = "one"\ndevice = "{one}"\n')
+        with Weir("--config", self.config, "--data-dir", self.data) as w:
+            h = nbd.NBD()
+            h.connect_uri(w.uri("one"))
+            h.pwrite(b"1" * 4096, 0)
+            h.flush()
+            # one becomes read-only, two is added.
+            self.write_config(
+                f'[[export]]\nname = "one"\ndevice = "{one}"\nreadonly = true\n'
+                f'[[export]]\nname = "two"\ndevice = "{two}"\n')
+            w.proc.send_signal(signal.SIGHUP)
+            self.wait_for_log(w, "configuration reloaded: 1 export(s) added, 0 removed, 1 changed", 1)
+            with self.assertRaises(nbd.Error):
+                h.pread(4096, 0)  # the changed export's client was disconnected
+            h = nbd.NBD()
+            h.connect_uri(w.uri("one"))
+            self.assertTrue(h.is_read_only())
+            self.assertEqual(h.pread(4096, 0), b"1" * 4096)
+            h.shutdown()
+            # A file that does not parse changes nothing.
+            self.write_config("[[export]\n")
+            w.proc.send_signal(signal.SIGHUP)
+            self.wait_for_log(w, "configuration not reloaded, nothing changed", 1)
+            listed = run("nbdinfo", "--list", w.uri("")).stdout
+            self.assertIn('export="one"', listed)
+            self.assertIn('export="two"', listed)
+            # one removed.
+            self.write_config(f'[[export]]\nname = "two"\ndevice = "{two}"\n')
+            w.proc.send_signal(signal.SIGHUP)
+            self.wait_for_log(w, "0 export(s) added, 1 removed, 0 changed", 1)
+            listed = run("nbdinfo", "--list", w.uri("")).stdout
+            self.assertNotIn('export="one"', listed)
             self.assertEqual(w.stop(), 0)
 
 

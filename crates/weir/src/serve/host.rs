@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use crate::cache::{CacheMode, CachedStore, Flusher};
 use crate::config::{ExportSpec, ServeConfig};
@@ -25,7 +25,8 @@ const REMOVE_GRACE_MAX: Duration = Duration::from_secs(10);
 
 pub struct ExportHost {
     exports: Arc<Exports>,
-    config: Arc<ServeConfig>,
+    /// Swapped whole by a reload (reload.rs).
+    config: RwLock<Arc<ServeConfig>>,
     flusher: Arc<Flusher>,
     readahead_budget: Arc<ReadaheadBudget>,
     /// Write-back caches by export name, written back at removal and exit.
@@ -36,23 +37,31 @@ impl ExportHost {
     pub fn new(exports: Arc<Exports>, config: Arc<ServeConfig>, flusher: Arc<Flusher>) -> Self {
         ExportHost {
             exports,
-            config,
+            config: RwLock::new(config),
             flusher,
             readahead_budget: ReadaheadBudget::new(None),
             caches: Mutex::new(Vec::new()),
         }
     }
 
+    pub fn config(&self) -> Arc<ServeConfig> {
+        Arc::clone(&self.config.read())
+    }
+
+    pub fn set_config(&self, config: Arc<ServeConfig>) {
+        *self.config.write() = config;
+    }
+
     /// Serve an `--export` device.
     pub fn add_device(&self, spec: &ExportSpec) -> anyhow::Result<Attachments> {
-        let device = device::open(&spec.device, spec.read_only, self.config.io_engine)
+        let config = self.config();
+        let device = device::open(&spec.device, spec.read_only, config.io_engine)
             .with_context(|| format!("cannot open export {:?}", spec.name))?;
         // Write-back and readahead are background I/O: the adaptive queue
         // keeps them from raising client reads' latency. Without either,
         // nothing needs a mode.
-        let write_back =
-            !spec.read_only && self.config.cache_of(&spec.name) == CacheMode::Writeback;
-        let mode = if write_back || self.config.readahead_of(&spec.name) == ReadaheadMode::On {
+        let write_back = !spec.read_only && config.cache_of(&spec.name) == CacheMode::Writeback;
+        let mode = if write_back || config.readahead_of(&spec.name) == ReadaheadMode::On {
             Mode::Adaptive
         } else {
             Mode::Fifo
@@ -77,10 +86,11 @@ impl ExportHost {
         read_only: bool,
         policy: Policy,
     ) -> anyhow::Result<Attachments> {
+        let config = self.config();
         let mut attachments = Attachments::default();
         let mut store = store;
         let mut cache = None;
-        if !read_only && self.config.cache_of(name) == CacheMode::Writeback {
+        if !read_only && config.cache_of(name) == CacheMode::Writeback {
             let cached = CachedStore::new(store, &self.flusher);
             attachments.cache = Some(Arc::clone(&cached) as _);
             cache = Some(Arc::clone(&cached));
@@ -88,7 +98,7 @@ impl ExportHost {
         }
         // Readahead sits above the cache: what it holds was read through
         // the cache, and a write drops it before the cache takes the write.
-        if self.config.readahead_of(name) == ReadaheadMode::On {
+        if config.readahead_of(name) == ReadaheadMode::On {
             let readahead = ReadaheadStore::new(store, &self.readahead_budget);
             attachments.readahead = Some(Arc::clone(&readahead) as _);
             store = readahead;
@@ -127,7 +137,7 @@ fn write_back(name: &str, cache: &CachedStore) {
 
 impl VolumeHost for ExportHost {
     fn add(&self, name: &str, store: Arc<dyn Store>) -> anyhow::Result<Attachments> {
-        let policy = self.config.volume_policy(name);
+        let policy = self.config().volume_policy(name);
         self.serve(name, "", store, false, policy)
     }
 
@@ -137,7 +147,7 @@ impl VolumeHost for ExportHost {
             .remove(name)
             .with_context(|| format!("no export {name:?} is served"))?;
         let clients = export.connection_count();
-        let grace = self.config.shutdown_grace.min(REMOVE_GRACE_MAX);
+        let grace = self.config().shutdown_grace.min(REMOVE_GRACE_MAX);
         if !export.retire(grace) {
             anyhow::bail!("{name}: connections still open after their sockets were closed");
         }

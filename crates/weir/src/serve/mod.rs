@@ -9,6 +9,7 @@
 //! ```
 
 mod host;
+mod reload;
 
 use std::io::Write;
 use std::sync::atomic::AtomicBool;
@@ -90,13 +91,7 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         config.exports.clone()
     };
     for spec in &specs {
-        let attachments = host.add_device(spec)?;
-        if let Some(cache) = attachments.cache {
-            service.add_cache(&spec.name, cache);
-        }
-        if let Some(readahead) = attachments.readahead {
-            service.add_readahead(&spec.name, readahead);
-        }
+        add_device(&host, &service, spec)?;
     }
     service.serve_all_volumes()?;
     let admin = match (&config.admin, &_data_dir_lock) {
@@ -114,6 +109,16 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("cannot install signal handlers")?;
     }
+    let reload_requested = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload_requested))
+        .context("cannot install signal handlers")?;
+    let reloads = reload::watch(
+        args.clone(),
+        Arc::clone(&host),
+        Arc::clone(&service),
+        reload_requested,
+        Arc::clone(&stop),
+    )?;
     let open_files = server::raise_open_file_limit();
     if open_files < 8192 {
         tracing::warn!(
@@ -149,6 +154,7 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     // No pool or volume changes from here on.
     drop(admin);
+    let _ = reloads.join();
     // Every cached write goes to the devices before the pools close.
     host.write_back_all();
     flusher.stop();
@@ -159,6 +165,23 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     drop(service);
     drop(pid_file);
     served
+}
+
+/// Serve an `--export` device, its cache and readahead shown by the pool
+/// service's status and metrics.
+fn add_device(
+    host: &ExportHost,
+    service: &PoolService,
+    spec: &crate::config::ExportSpec,
+) -> anyhow::Result<()> {
+    let attachments = host.add_device(spec)?;
+    if let Some(cache) = attachments.cache {
+        service.add_cache(&spec.name, cache);
+    }
+    if let Some(readahead) = attachments.readahead {
+        service.add_readahead(&spec.name, readahead);
+    }
+    Ok(())
 }
 
 fn load_tls(config: &ServeConfig) -> anyhow::Result<Option<Tls>> {

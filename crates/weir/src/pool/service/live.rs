@@ -78,9 +78,23 @@ impl PoolService {
         Ok(())
     }
 
-    fn unserve_volume(&self, name: &str) -> anyhow::Result<()> {
+    /// Forget the cache and readahead reports of export `name`.
+    pub fn forget_export(&self, name: &str) {
         self.caches.lock().retain(|(n, _)| n != name);
         self.readaheads.lock().retain(|(n, _)| n != name);
+    }
+
+    /// Serve volume POOL/NAME anew, with the settings the host has now
+    /// (a configuration reload); its clients reconnect.
+    pub fn serve_volume_again(&self, name: &str) -> anyhow::Result<()> {
+        let _change = self.changes.lock();
+        let (pool, _, entry) = self.existing_volume(name)?;
+        self.unserve_volume(name)?;
+        self.serve_volume(&pool, &entry)
+    }
+
+    fn unserve_volume(&self, name: &str) -> anyhow::Result<()> {
+        self.forget_export(name);
         match &self.host {
             Some(host) => host.remove(name),
             None => Ok(()),
