@@ -15,7 +15,7 @@ import unittest
 from weirtest import WEIR, run
 
 README = os.path.join(os.path.dirname(__file__), "../../README.md")
-MEMBER_BYTES = 11 << 30  # sparse; the quick start makes a 10 GiB volume
+MEMBER_BYTES = 12 << 30  # sparse; the quick start makes 10 GiB and 1 GiB volumes
 
 
 def shell_block_after(heading):
@@ -67,6 +67,7 @@ class PoolsQuickStart(unittest.TestCase):
                 # The volume it created is served.
                 listed = run("nbdinfo", "--list", f"nbd://{server[1]}").stdout
                 self.assertIn("tank/db", listed)
+                self.assertIn("tank/logs", listed, "created on the running server, exported at once")
                 size = run("nbdinfo", "--size", f"nbd://{server[1]}/tank/db").stdout.strip()
                 self.assertEqual(int(size), 10 << 30)
                 status = run(WEIR, "pool", "status", "tank", "--data-dir", data).stdout
