@@ -134,6 +134,48 @@ class LiveAdministration(PoolTest):
             self.assertEqual(w.stop(), 0)
 
 
+class VolumeProperties(PoolTest):
+    def test_properties_are_set_live_and_offline_and_travel_with_the_pool(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        self.weir("create", "tank", "mirror", a, b)
+        self.volume("create", "tank/golden", "--size", "16M")
+        self.volume("create", "tank/work", "--size", "16M")
+        # Offline: kept in the pool's volume table.
+        shown = self.volume("set", "tank/golden", "--description", "base image").stdout
+        self.assertRegex(shown, r"tank/golden\s+16777216\s+4096\s+off\s+-\s+base image")
+        with Weir("--data-dir", self.data) as w:
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/golden"))
+            h.pwrite(b"g" * 4096, 0)
+            h.flush()
+            # Live: the volume is served anew, read-only; its client reconnects.
+            self.volume("set", "tank/golden", "--read-only", "on", "--cache", "writethrough")
+            with self.assertRaises(nbd.Error):
+                h.pread(4096, 0)
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/golden"))
+            self.assertTrue(h.is_read_only())
+            self.assertEqual(h.pread(4096, 0), b"g" * 4096)
+            h.shutdown()
+            listed = run("nbdinfo", "--list", w.uri("")).stdout
+            self.assertIn("description: base image", listed)
+            status = self.weir("status", "tank").stdout
+            self.assertNotIn("volume golden: write-back cache", status)
+            self.assertIn("volume work: write-back cache", status)
+            refused = self.volume("set", "tank/golden", "--cache", "sometimes", check=False)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("want writeback, writethrough or default", refused.stderr)
+            self.weir("export", "tank")
+            self.weir("import", a, b)
+            listed = self.volume("list").stdout
+            self.assertRegex(listed, r"tank/golden\s+16777216\s+4096\s+on\s+writethrough\s+base image")
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/golden"))
+            self.assertTrue(h.is_read_only(), "the property came back with the pool")
+            h.shutdown()
+            self.assertEqual(w.stop(), 0)
+
+
 class Reload(PoolTest):
     def write_config(self, text):
         with open(self.config, "w") as f:

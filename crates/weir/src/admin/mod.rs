@@ -20,6 +20,7 @@
 //!  POST /v1/volume/create?name=P/V&size=BYTES&block=BYTES
 //!  POST /v1/volume/resize?name=P/V&size=BYTES
 //!  POST /v1/volume/delete?name=P/V
+//!  POST /v1/volume/set?name=P/V[&read_only=on|off][&cache=writeback|writethrough|default][&description=TEXT]
 //!  GET  /metrics                           Prometheus text
 //! ```
 //!
@@ -50,6 +51,7 @@ use anyhow::Context;
 use crate::config::AdminListen;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::service::{PoolService, ScrubAction};
+use crate::pool::volume_table::PropertyChanges;
 use crate::sched::Mode;
 use crate::server::tls::Tls;
 use http::{Bound, Handler, Request, Response};
@@ -287,6 +289,17 @@ fn route(service: &PoolService, request: &Request) -> Response {
         ("POST", "/v1/volume/resize") => volume_param(request)
             .and_then(|name| service.resize_volume(name, bytes_param(request, "size")?))
             .map(Response::text_ok),
+        ("POST", "/v1/volume/set") => volume_param(request)
+            .and_then(|name| {
+                let changes = PropertyChanges::parse(
+                    request.param("read_only"),
+                    request.param("cache"),
+                    request.param("description"),
+                )
+                .map_err(anyhow::Error::msg)?;
+                service.set_volume_properties(name, &changes)
+            })
+            .map(Response::text_ok),
         ("POST", "/v1/volume/delete") => volume_param(request)
             .and_then(|name| service.delete_volume(name))
             .map(Response::text_ok),
@@ -317,7 +330,8 @@ fn route(service: &PoolService, request: &Request) -> Response {
             "/v1/status" | "/v1/scrub" | "/v1/replace" | "/v1/sched" | "/v1/read-policy"
             | "/v1/iostat" | "/v1/list" | "/v1/clear" | "/v1/offline" | "/v1/online" | "/metrics"
             | "/v1/pool/create" | "/v1/pool/import" | "/v1/pool/export" | "/v1/pool/destroy"
-            | "/v1/volume/list" | "/v1/volume/create" | "/v1/volume/resize" | "/v1/volume/delete",
+            | "/v1/volume/list" | "/v1/volume/create" | "/v1/volume/resize" | "/v1/volume/delete"
+            | "/v1/volume/set",
         ) => return Response::text(405, "wrong method\n"),
         _ => return Response::text(404, format!("no such endpoint {}\n", request.path)),
     };

@@ -14,6 +14,7 @@ use crate::admin::client::AdminClient;
 use crate::pool::mirror::select::ReadPolicy;
 use crate::pool::scrub::{self, Checkpoint, ScrubState};
 use crate::pool::service::{PoolService, ScrubAction};
+use crate::pool::volume_table::PropertyChanges;
 use crate::pool::volumes;
 
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -423,6 +424,25 @@ pub enum VolumeCommand {
     Delete(VolumeDeleteArgs),
     /// Change a volume's size (a running server disconnects its clients, who see the new size when they reconnect).
     Resize(VolumeResizeArgs),
+    /// Set a volume's properties, kept with the pool: read-only, its cache mode, its description (a running server serves it anew; its clients reconnect).
+    Set(VolumeSetArgs),
+}
+
+#[derive(Args)]
+pub struct VolumeSetArgs {
+    /// POOL/NAME
+    name: String,
+    /// on: clients may only read it.
+    #[arg(long, value_name = "on|off")]
+    read_only: Option<String>,
+    /// Its own cache mode, over the server's; default: the server's again.
+    #[arg(long, value_name = "writeback|writethrough|default")]
+    cache: Option<String>,
+    /// Shown to clients that list exports (up to 32 bytes).
+    #[arg(long)]
+    description: Option<String>,
+    #[arg(long, default_value = "./weir-data")]
+    data_dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -512,6 +532,40 @@ pub fn volume_main(command: VolumeCommand) -> anyhow::Result<()> {
                 println!("volume {} deleted", args.name);
             }
         },
+        VolumeCommand::Set(args) => {
+            let changes = PropertyChanges::parse(
+                args.read_only.as_deref(),
+                args.cache.as_deref(),
+                args.description.as_deref(),
+            )
+            .map_err(anyhow::Error::msg)?;
+            match running_server(&args.data_dir)? {
+                Some(client) => {
+                    let mut query = vec![("name", args.name.as_str())];
+                    for (key, value) in [
+                        ("read_only", &args.read_only),
+                        ("cache", &args.cache),
+                        ("description", &args.description),
+                    ] {
+                        if let Some(value) = value {
+                            query.push((key, value.as_str()));
+                        }
+                    }
+                    print!("{}", client.call("POST", "/v1/volume/set", &query)?);
+                }
+                None => {
+                    volumes::set_properties(&args.name, &changes, &args.data_dir)?;
+                    let pool = args.name.split('/').next();
+                    let listed = volumes::list(pool, &args.data_dir)?;
+                    let mut lines = listed.lines();
+                    let header = lines.next().unwrap_or_default();
+                    let row = lines
+                        .find(|l| l.split_whitespace().next() == Some(args.name.as_str()))
+                        .unwrap_or_default();
+                    print!("{header}\n{row}\n");
+                }
+            }
+        }
         VolumeCommand::Resize(args) => match running_server(&args.data_dir)? {
             Some(client) => {
                 let size = args.size.to_string();

@@ -11,7 +11,9 @@ use anyhow::{bail, Context};
 use super::geometry::{allocate, DeviceRegions, Stripe, CHUNK_BYTES, VOLUME_TABLE_BYTES};
 use super::import::Imported;
 use super::mirror::PoolData;
-use super::volume_table::{check_volume_name, VolumeEntry, VolumeTable, VOLUMES_MAX};
+use super::volume_table::{
+    check_volume_name, PropertyChanges, VolumeEntry, VolumeTable, VOLUMES_MAX,
+};
 use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 use crate::units::format_bytes;
 
@@ -120,6 +122,7 @@ pub fn create_in(
         block_bytes,
         first_chunk,
         chunks,
+        properties: Default::default(),
     };
     pool.change_volume_table(|table| {
         // Another change may have come between: the space must still be free.
@@ -146,6 +149,37 @@ pub fn delete_in(pool: &PoolData, volume: &str) -> anyhow::Result<VolumeEntry> {
             .with_context(|| format!("no volume {}/{volume}", pool.name()))?;
         Ok(table.volumes.remove(index))
     })
+}
+
+/// `weir volume set`: change properties of `volume` on an open pool.
+pub fn set_properties_in(
+    pool: &PoolData,
+    volume: &str,
+    changes: &PropertyChanges,
+) -> anyhow::Result<VolumeEntry> {
+    pool.change_volume_table(|table| {
+        let entry = table
+            .volumes
+            .iter_mut()
+            .find(|v| v.name == volume)
+            .with_context(|| format!("no volume {}/{volume}", pool.name()))?;
+        changes.apply(&mut entry.properties);
+        Ok(entry.clone())
+    })
+}
+
+/// `weir volume set` with no server.
+pub fn set_properties(
+    name: &str,
+    changes: &PropertyChanges,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let (pool_name, volume) = split_name(name)?;
+    let _lock = crate::pool::data_dir::lock_data_dir(data_dir)?;
+    let pool = open_here(pool_name, data_dir)?;
+    let set = set_properties_in(&pool, volume, changes);
+    pool.close();
+    set.map(drop)
 }
 
 /// Give `volume` a new size. It grows in place into the chunks after it
@@ -304,9 +338,19 @@ pub fn open_registered(pool_name: &str, data_dir: &Path) -> anyhow::Result<Arc<P
 
 /// The `volume list` table.
 pub fn render_list(rows: &[(String, VolumeEntry)]) -> String {
-    let mut out = format!("{:<40} {:>14} {:>8}\n", "NAME", "SIZE", "BLOCK");
+    let mut out = format!(
+        "{:<40} {:>14} {:>8} {:>3} {:<12} DESCRIPTION\n",
+        "NAME", "SIZE", "BLOCK", "RO", "CACHE"
+    );
     for (name, v) in rows {
-        let _ = writeln!(out, "{name:<40} {:>14} {:>8}", v.size_bytes, v.block_bytes);
+        let p = &v.properties;
+        let read_only = if p.read_only { "on" } else { "off" };
+        let cache = p.cache.map_or("-", |c| c.name());
+        let line = format!(
+            "{name:<40} {:>14} {:>8} {read_only:>3} {cache:<12} {}",
+            v.size_bytes, v.block_bytes, p.description
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
     }
     out
 }

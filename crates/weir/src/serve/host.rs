@@ -12,12 +12,22 @@ use crate::cache::{CacheMode, CachedStore, Flusher};
 use crate::config::{ExportSpec, ServeConfig};
 use crate::device;
 use crate::pool::service::{Attachments, VolumeHost};
+use crate::pool::volume_table::{VolumeCache, VolumeProperties};
 use crate::pool::{SingleDevice, Store};
 use crate::readahead::{ReadaheadBudget, ReadaheadMode, ReadaheadStore};
 use crate::sched::{DeviceQueue, Mode};
 use crate::server::access::Policy;
 use crate::server::{Export, Exports};
 use crate::volume::Volume;
+
+/// How an export is offered: what it says of itself, whether clients may
+/// write, the cache mode when not the configuration's, and who may use it.
+struct Shape<'a> {
+    description: &'a str,
+    read_only: bool,
+    cache: Option<CacheMode>,
+    policy: Policy,
+}
 
 /// Clients of a volume being removed get at most this long to take their
 /// last replies, so that the admin call ends within its own limit.
@@ -67,13 +77,13 @@ impl ExportHost {
             Mode::Fifo
         };
         let store = Arc::new(SingleDevice::new(DeviceQueue::with_mode(device, mode)));
-        self.serve(
-            &spec.name,
-            &spec.description,
-            store,
-            spec.read_only,
-            spec.policy.clone(),
-        )
+        let shape = Shape {
+            description: &spec.description,
+            read_only: spec.read_only,
+            cache: None,
+            policy: spec.policy.clone(),
+        };
+        self.serve(&spec.name, store, shape)
     }
 
     /// Put the cache and readahead in front of `store` as the settings of
@@ -81,16 +91,21 @@ impl ExportHost {
     fn serve(
         &self,
         name: &str,
-        description: &str,
         store: Arc<dyn Store>,
-        read_only: bool,
-        policy: Policy,
+        shape: Shape,
     ) -> anyhow::Result<Attachments> {
         let config = self.config();
+        let Shape {
+            description,
+            read_only,
+            cache: cache_mode,
+            policy,
+        } = shape;
         let mut attachments = Attachments::default();
         let mut store = store;
         let mut cache = None;
-        if !read_only && config.cache_of(name) == CacheMode::Writeback {
+        let cache_mode = cache_mode.unwrap_or_else(|| config.cache_of(name));
+        if !read_only && cache_mode == CacheMode::Writeback {
             let cached = CachedStore::new(store, &self.flusher);
             attachments.cache = Some(Arc::clone(&cached) as _);
             cache = Some(Arc::clone(&cached));
@@ -136,9 +151,24 @@ fn write_back(name: &str, cache: &CachedStore) {
 }
 
 impl VolumeHost for ExportHost {
-    fn add(&self, name: &str, store: Arc<dyn Store>) -> anyhow::Result<Attachments> {
+    fn add(
+        &self,
+        name: &str,
+        store: Arc<dyn Store>,
+        properties: &VolumeProperties,
+    ) -> anyhow::Result<Attachments> {
         let policy = self.config().volume_policy(name);
-        self.serve(name, "", store, false, policy)
+        let cache = properties.cache.map(|cache| match cache {
+            VolumeCache::Writeback => CacheMode::Writeback,
+            VolumeCache::Writethrough => CacheMode::Writethrough,
+        });
+        let shape = Shape {
+            description: &properties.description,
+            read_only: properties.read_only,
+            cache,
+            policy,
+        };
+        self.serve(name, store, shape)
     }
 
     fn remove(&self, name: &str) -> anyhow::Result<()> {

@@ -102,6 +102,12 @@ impl PoolData {
         let mut next = table.clone();
         let answer = change(&mut next)?;
         next.generation = table.generation + 1;
+        if !next.fits() {
+            anyhow::bail!(
+                "pool {}: the volume table would not fit its region; delete a volume or shorten descriptions",
+                self.name
+            );
+        }
         let bytes = next.encode();
         let mut targets = Vec::new();
         for (g, group) in self.groups.iter().enumerate() {
@@ -170,6 +176,9 @@ impl PoolData {
         {
             return; // never written, or not known
         }
+        if !table.fits() {
+            return; // an older format's table, rewritten at its next change
+        }
         let expected = table.encode();
         for (member, attached) in self.groups[group_index].readable() {
             let copy = read_at(
@@ -224,6 +233,11 @@ impl PoolData {
         let table = self.volume_table.lock();
         if self.volume_table_unreadable.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        if !table.fits() {
+            return Err(io_err(
+                "the volume table (an older format's) does not fit this format; change a volume first".into(),
+            ));
         }
         let op = write_op(attached.regions.volume_table.0, &table.encode(), true);
         run_one(attached, IoClass::Resilver, op)

@@ -12,15 +12,21 @@ use anyhow::{bail, Context};
 use super::PoolService;
 use crate::metrics::{CacheReport, ReadaheadReport};
 use crate::pool::mirror::{PoolData, PoolVolume};
-use crate::pool::volume_table::VolumeEntry;
+use crate::pool::volume_table::{PropertyChanges, VolumeEntry, VolumeProperties};
 use crate::pool::volumes::{self, split_name};
 use crate::pool::Store;
 use crate::units::format_bytes;
 
 /// Where the server serves pool volumes: its export table.
 pub trait VolumeHost: Send + Sync {
-    /// Serve `store` as export `name` (POOL/VOLUME) from now on.
-    fn add(&self, name: &str, store: Arc<dyn Store>) -> anyhow::Result<Attachments>;
+    /// Serve `store` as export `name` (POOL/VOLUME) from now on, as its
+    /// properties say.
+    fn add(
+        &self,
+        name: &str,
+        store: Arc<dyn Store>,
+        properties: &VolumeProperties,
+    ) -> anyhow::Result<Attachments>;
     /// Stop serving `name`: no new clients, open connections closed once
     /// their replies are out, cached writes on the devices. When it
     /// returns, nothing of the server holds the volume's store.
@@ -68,7 +74,7 @@ impl PoolService {
         };
         let name = format!("{}/{}", pool.name(), entry.name);
         let store = Arc::new(PoolVolume::new(Arc::clone(pool), entry)?);
-        let attachments = host.add(&name, store)?;
+        let attachments = host.add(&name, store, &entry.properties)?;
         if let Some(cache) = attachments.cache {
             self.add_cache(&name, cache);
         }
@@ -165,6 +171,21 @@ impl PoolService {
             entry.size_bytes,
             resized.size_bytes,
         ))
+    }
+
+    /// `weir volume set POOL/NAME`: properties changed and kept with the
+    /// pool; the volume is served anew with them (its clients reconnect).
+    pub fn set_volume_properties(
+        &self,
+        name: &str,
+        changes: &PropertyChanges,
+    ) -> anyhow::Result<String> {
+        let _change = self.changes.lock();
+        let (pool, volume, _) = self.existing_volume(name)?;
+        let entry = volumes::set_properties_in(&pool, volume, changes)?;
+        self.unserve_volume(name)?;
+        self.serve_volume(&pool, &entry)?;
+        Ok(volumes::render_list(&[(name.to_string(), entry)]))
     }
 
     /// `weir volume list [POOL]` on the open pools.

@@ -56,7 +56,7 @@ use crate::pool::label::choose;
 use crate::pool::members::{read_labels, write_labels};
 use crate::pool::mirror::{Health, PoolData, BLOCKS_PER_CHUNK, DATA_BLOCK_BYTES};
 use crate::pool::takeover::this_process;
-use crate::pool::volume_table::{VolumeEntry, VolumeTable};
+use crate::pool::volume_table::{VolumeEntry, VolumeProperties, VolumeTable};
 use crate::rng::Rng;
 use crate::sched::IoClass;
 
@@ -662,6 +662,11 @@ impl Run {
                     block_bytes: 4096,
                     first_chunk: index * 4,
                     chunks,
+                    properties: VolumeProperties {
+                        read_only: index == 1,
+                        cache: None,
+                        description: format!("volume {index}"),
+                    },
                 }),
             }
             Ok(())
