@@ -72,6 +72,12 @@ pub struct Checkpoint {
     pub unrecoverable: u64,
     /// Time spent scrubbing (pauses excluded).
     pub seconds: f64,
+    /// When it started and, once finished, when it ended (Unix seconds);
+    /// absent in checkpoints an older weir saved.
+    #[serde(default)]
+    pub started_unix: Option<u64>,
+    #[serde(default)]
+    pub ended_unix: Option<u64>,
 }
 
 impl Checkpoint {
@@ -128,14 +134,33 @@ pub fn describe(pool: &str, c: &Checkpoint) -> String {
     } else {
         String::new()
     };
+    let when = |unix: u64| {
+        humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix),
+        )
+    };
+    let mut dates = String::new();
+    if let Some(started) = c.started_unix {
+        dates.push_str(&format!(", started {}", when(started)));
+    }
+    if let Some(ended) = c.ended_unix.filter(|_| c.state == ScrubState::Finished) {
+        dates.push_str(&format!(", finished {}", when(ended)));
+    }
     format!(
-        "scrub {pool}: {}, {percent:.1}% ({} of {} chunks), {rate:.0} MB/s{eta}, {} repaired, {} unrecoverable",
+        "scrub {pool}: {}, {percent:.1}% ({} of {} chunks), {rate:.0} MB/s{eta}, {} repaired, {} unrecoverable{dates}",
         c.state.name(),
         c.chunks_done,
         c.chunks_total,
         c.repaired,
         c.unrecoverable
     )
+}
+
+/// Now, in Unix seconds.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,6 +205,8 @@ impl Scrub {
     /// Run a scrub from `checkpoint` (a fresh one, or one to resume).
     pub fn spawn(pool: &Arc<PoolData>, data_dir: &Path, mut checkpoint: Checkpoint) -> Scrub {
         checkpoint.state = ScrubState::Running;
+        checkpoint.started_unix.get_or_insert_with(unix_now);
+        checkpoint.ended_unix = None;
         let shared = Arc::new(Shared {
             pool: pool.name().to_string(),
             data_dir: data_dir.to_path_buf(),
@@ -290,6 +317,7 @@ fn run(pool: Weak<PoolData>, shared: &Shared) {
         if group >= pool.groups() {
             let mut control = shared.control.lock();
             control.checkpoint.state = ScrubState::Finished;
+            control.checkpoint.ended_unix = Some(unix_now());
             shared.save(&control.checkpoint);
             shared.wake.notify_all();
             tracing::info!(

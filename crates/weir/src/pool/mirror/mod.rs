@@ -220,6 +220,8 @@ pub struct PoolData {
     volume_table: Mutex<crate::pool::volume_table::VolumeTable>,
     /// No member it opened with holds a readable table (volume_tables.rs).
     volume_table_unreadable: AtomicBool,
+    /// How the last resilver since the pool opened ended.
+    last_resilver: Mutex<Option<repair::ResilverResult>>,
 }
 
 fn io_err(what: String) -> io::Error {
@@ -377,6 +379,7 @@ impl PoolData {
             released: AtomicBool::new(false),
             volume_table: Mutex::new(loaded_table.table),
             volume_table_unreadable: AtomicBool::new(loaded_table.unreadable),
+            last_resilver: Mutex::new(None),
         });
         // Sealed before recovery writes anything the absent members miss.
         data.seal_membership()?;

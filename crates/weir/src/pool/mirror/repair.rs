@@ -459,6 +459,13 @@ impl PoolData {
             .resilver_started
             .lock()
             .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        *self.last_resilver.lock() = Some(ResilverResult {
+            device: slot.spec.read().clone(),
+            seconds,
+            chunks: self.stripe.chunks_per_group,
+            ended: std::time::SystemTime::now(),
+            failure: None,
+        });
         tracing::info!(
             pool = self.name,
             group,
@@ -479,6 +486,33 @@ impl PoolData {
     }
 }
 
+/// How the last resilver ended, for `pool status`.
+pub(super) struct ResilverResult {
+    pub device: String,
+    pub seconds: f64,
+    /// Chunks copied.
+    pub chunks: u64,
+    pub ended: std::time::SystemTime,
+    /// None: it finished and the member is ONLINE.
+    pub failure: Option<String>,
+}
+
+impl ResilverResult {
+    pub fn describe(&self) -> String {
+        let ended = humantime::format_rfc3339_seconds(self.ended);
+        match &self.failure {
+            None => format!(
+                "resilvered {} in {:.0} s ({} chunks), finished {ended}",
+                self.device, self.seconds, self.chunks
+            ),
+            Some(why) => format!(
+                "resilver of {} stopped after {:.0} s ({} chunks): {why}, {ended}",
+                self.device, self.seconds, self.chunks
+            ),
+        }
+    }
+}
+
 /// The resilver of one member, chunk by chunk. It holds the pool only for
 /// one chunk at a time, so closing the pool is never held up by it.
 fn resilver(pool: Weak<PoolData>, group: usize, member: usize) {
@@ -495,6 +529,16 @@ fn resilver(pool: Weak<PoolData>, group: usize, member: usize) {
                 member,
                 "resilver stopped: the member left"
             );
+            *pool.last_resilver.lock() = Some(ResilverResult {
+                device: slot.spec.read().clone(),
+                seconds: slot
+                    .resilver_started
+                    .lock()
+                    .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+                chunks: slot.resilvered_chunks.load(Ordering::SeqCst),
+                ended: std::time::SystemTime::now(),
+                failure: Some(format!("the member is {}", slot.state_name())),
+            });
             return;
         }
         let chunk = slot.resilvered_chunks.load(Ordering::SeqCst);

@@ -39,6 +39,11 @@ impl PoolData {
         if let Some(scan) = scan {
             let _ = writeln!(out, "  scan: {scan}");
         }
+        if !self.resilvering() {
+            if let Some(last) = self.last_resilver.lock().as_ref() {
+                let _ = writeln!(out, "resilver: {}", last.describe());
+            }
+        }
         for (g, group) in self.groups.iter().enumerate() {
             for (m, slot) in group.slots.iter().enumerate() {
                 if slot.health() == Health::Resilvering {
