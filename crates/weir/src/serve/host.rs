@@ -172,10 +172,11 @@ impl VolumeHost for ExportHost {
     }
 
     fn remove(&self, name: &str) -> anyhow::Result<()> {
-        let export = self
-            .exports
-            .remove(name)
-            .with_context(|| format!("no export {name:?} is served"))?;
+        let Some(export) = self.exports.remove(name) else {
+            // Never served (it could not be at start): nothing to stop.
+            tracing::debug!(export = name, "not served; nothing to remove");
+            return Ok(());
+        };
         let clients = export.connection_count();
         let grace = self.config().shutdown_grace.min(REMOVE_GRACE_MAX);
         if !export.retire(grace) {

@@ -152,7 +152,9 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         config.shutdown_grace,
     );
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    // No pool or volume changes from here on.
+    // No pool or volume changes from here on (the serve loop may also have
+    // ended on an error, with no signal).
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     drop(admin);
     let _ = reloads.join();
     // Every cached write goes to the devices before the pools close.

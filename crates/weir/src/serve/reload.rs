@@ -31,11 +31,16 @@ pub fn watch(
         .spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 if requested.swap(false, Ordering::SeqCst) {
-                    match apply(&args, &host, &service) {
-                        Ok(summary) => tracing::info!("configuration reloaded: {summary}"),
+                    match load(&args, &service) {
                         Err(err) => {
                             tracing::error!("configuration not reloaded, nothing changed: {err:#}")
                         }
+                        Ok(new) => match apply(new, &host, &service) {
+                            Ok(summary) => tracing::info!("configuration reloaded: {summary}"),
+                            Err(err) => tracing::error!(
+                                "configuration reload stopped part way (what came before stays applied): {err:#}"
+                            ),
+                        },
                     }
                 }
                 std::thread::sleep(POLL);
@@ -43,16 +48,26 @@ pub fn watch(
         })
 }
 
-fn apply(args: &ServeArgs, host: &ExportHost, service: &PoolService) -> anyhow::Result<String> {
+/// The configuration as the file says now, checked as at start.
+fn load(args: &ServeArgs, service: &PoolService) -> anyhow::Result<Arc<ServeConfig>> {
     if args.config.is_none() {
         anyhow::bail!("the server was started without --config; there is no file to read again");
     }
-    let new = Arc::new(ServeConfig::resolve(args)?);
-    let old = host.config();
+    let new = ServeConfig::resolve(args)?;
     let pool_volumes = service.volume_names();
     if let Some(spec) = new.exports.iter().find(|s| pool_volumes.contains(&s.name)) {
         anyhow::bail!("export {:?} is also a pool volume", spec.name);
     }
+    Ok(Arc::new(new))
+}
+
+fn apply(
+    new: Arc<ServeConfig>,
+    host: &ExportHost,
+    service: &PoolService,
+) -> anyhow::Result<String> {
+    let old = host.config();
+    let pool_volumes = service.volume_names();
     let restart_only = [
         ("listen", old.listen != new.listen),
         ("socket", old.socket != new.socket),
