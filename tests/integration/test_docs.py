@@ -19,7 +19,7 @@ import tempfile
 import time
 import unittest
 
-from weirtest import WEIR, run
+from weirtest import WEIR, command_lines, run
 
 DOC = os.path.join(os.path.dirname(__file__), "../../docs/operations.md")
 REPO = os.path.join(os.path.dirname(__file__), "../..")
@@ -42,13 +42,7 @@ def shell_lines(path):
     """Every line of every ```sh block, in order; comments dropped."""
     with open(path) as f:
         text = f.read()
-    lines = []
-    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            line = re.sub(r"(^|\s+)#.*$", "", line).strip()
-            if line:
-                lines.append(line)
-    return lines
+    return [line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in command_lines(block)]
 
 
 class OperationsDoc(unittest.TestCase):

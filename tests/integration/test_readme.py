@@ -12,7 +12,7 @@ import tempfile
 import time
 import unittest
 
-from weirtest import WEIR, run
+from weirtest import WEIR, command_lines, run
 
 README = os.path.join(os.path.dirname(__file__), "../../README.md")
 MEMBER_BYTES = 12 << 30  # sparse; the quick start makes 10 GiB and 1 GiB volumes
@@ -24,12 +24,7 @@ def shell_block_after(heading):
         text = f.read()
     start = text.index(heading)
     block = text[start:].split("```sh\n", 1)[1].split("```", 1)[0]
-    lines = []
-    for line in block.splitlines():
-        line = re.sub(r"\s+#.*$", "", line).strip()
-        if line:
-            lines.append(line)
-    return lines
+    return command_lines(block)
 
 
 class PoolsQuickStart(unittest.TestCase):

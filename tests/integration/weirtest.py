@@ -2,6 +2,7 @@
 
 import http.client
 import os
+import re
 import signal
 import socket
 import ssl
@@ -162,3 +163,13 @@ def sparse_file(path, size):
     with open(path, "wb") as f:
         f.truncate(size)
     return path
+
+
+def command_lines(block):
+    """The commands of a shell block from the docs: comments and blank lines dropped."""
+    lines = []
+    for line in block.splitlines():
+        line = re.sub(r"(^|\s+)#.*$", "", line).strip()
+        if line:
+            lines.append(line)
+    return lines
