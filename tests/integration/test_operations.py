@@ -134,6 +134,34 @@ class LiveAdministration(PoolTest):
             self.assertEqual(w.stop(), 0)
 
 
+class KillNine(PoolTest):
+    def test_live_changes_and_flushed_data_survive_kill_9(self):
+        a, b = self.file("a.img"), self.file("b.img")
+        data = os.urandom(2 * MIB)
+        with Weir("--data-dir", self.data) as w:
+            self.weir("create", "tank", "mirror", a, b)
+            self.volume("create", "tank/kept", "--size", "16M")
+            self.volume("create", "tank/gone", "--size", "16M")
+            self.volume("set", "tank/kept", "--description", "kept")
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/kept"))
+            h.pwrite(data, MIB)
+            h.flush()
+            self.volume("delete", "tank/gone")
+            w.stop(signal.SIGKILL)
+        with Weir("--data-dir", self.data) as w:
+            listed = self.volume("list").stdout
+            self.assertRegex(listed, r"tank/kept\s+16777216\s+4096\s+off\s+-\s+kept")
+            self.assertNotIn("tank/gone", listed)
+            h = nbd.NBD()
+            h.connect_uri(w.uri("tank/kept"))
+            self.assertEqual(h.pread(2 * MIB, MIB), data)
+            h.shutdown()
+            self.assertIn("0 repaired, 0 unrecoverable",
+                          run(WEIR, "scrub", "start", "tank", "--wait", "--data-dir", self.data, timeout=120).stdout)
+            self.assertEqual(w.stop(), 0)
+
+
 class VolumeProperties(PoolTest):
     def test_properties_are_set_live_and_offline_and_travel_with_the_pool(self):
         a, b = self.file("a.img"), self.file("b.img")
