@@ -393,6 +393,15 @@ fn wait_for_resilver(poll: impl Fn() -> anyhow::Result<(bool, String)>) -> anyho
         }
         if !busy {
             progress.finish();
+            // That status may have been read across the resilver's end (its
+            // state line before, its members after): read it again, settled.
+            let (_, status) = poll()?;
+            if let Some(stopped) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("resilver: resilver of "))
+            {
+                anyhow::bail!("resilver of {stopped}");
+            }
             let state = status
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("state:"))
