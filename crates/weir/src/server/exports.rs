@@ -18,6 +18,7 @@ use super::access::{Client, Policy};
 use super::shared_budget::SharedBudget;
 use super::stream::Stream;
 use super::tls::Tls;
+use super::CLOSE_WAIT;
 use crate::volume::Volume;
 
 pub struct Export {
@@ -35,10 +36,6 @@ struct Connections {
     retired: bool,
     open: HashMap<u64, Stream>,
 }
-
-/// After a removed export's grace, its connections get this long to end
-/// once their sockets are closed.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 impl Export {
     pub fn new(name: &str, description: &str, volume: Volume, policy: Policy) -> Export {

@@ -138,7 +138,7 @@ struct Registry {
 }
 
 /// After the grace, connections still open get this long to notice that
-/// their sockets were closed.
+/// their sockets were closed (at shutdown, and for one removed export).
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Serve until `stop` is set, then shut down gracefully: connections get
