@@ -348,13 +348,15 @@ fn running_server(data_dir: &Path) -> anyhow::Result<Option<AdminClient>> {
 }
 
 /// Device paths as the server, whose working directory is its own, can
-/// open them; one per line. `mirror` and device models stay as given.
+/// open them; one per line. `mirror`, device models, memory devices and
+/// rbd images stay as given.
 fn absolute_devices(words: &[String]) -> String {
     words
         .iter()
         .map(|word| {
             let path = word.strip_prefix("file:").unwrap_or(word);
-            if word == "mirror" || word.starts_with("model:") {
+            let kept = ["model:", "mem:", "rbd:"];
+            if word == "mirror" || kept.iter().any(|prefix| word.starts_with(prefix)) {
                 word.clone()
             } else {
                 std::path::absolute(path).map_or_else(|_| word.clone(), |p| p.display().to_string())

@@ -600,8 +600,8 @@ pub fn parse_export_flag(text: &str) -> anyhow::Result<ExportSpec> {
         format!("--export {text:?}: want NAME=SPEC[,readonly][,cache=MODE][,readahead=MODE]")
     })?;
     check_name(name)?;
-    // A model spec has commas of its own; export options come last.
-    let (device_text, options) = if rest.starts_with("model:") {
+    // Model and rbd specs have commas of their own; export options come last.
+    let (device_text, options) = if rest.starts_with("model:") || rest.starts_with("rbd:") {
         let mut head = rest;
         let mut options = Vec::new();
         while let Some((before, last)) = head.rsplit_once(',') {

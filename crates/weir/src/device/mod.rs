@@ -4,7 +4,8 @@
 //!   sched::DeviceQueue ──submit(op, done)──> dyn Device
 //!                                             ├─ FileDevice  (O_DIRECT; io_uring engine, or threads as fallback)
 //!                                             ├─ MemDevice   (sparse pages in RAM)
-//!                                             └─ ModelDevice (HDD / SSD / NVMe timing model over a store)
+//!                                             ├─ ModelDevice (HDD / SSD / NVMe timing model over a store)
+//!                                             └─ RbdDevice   (an RBD image in a Ceph cluster, through librbd)
 //! ```
 //!
 //! A device executes aligned operations and calls `done` exactly once,
@@ -16,6 +17,7 @@ pub mod file;
 pub mod mem;
 pub mod model;
 pub mod ownership;
+pub mod rbd;
 pub mod spec;
 mod threads;
 mod uring;

@@ -1,5 +1,6 @@
 //! Device spec strings, usable wherever a path is: `PATH`, `file:PATH`,
-//! `mem:SIZE`, `model:KIND,size=SIZE[,...]` (see `model::spec`).
+//! `mem:SIZE`, `model:KIND,size=SIZE[,...]` (see `model::spec`),
+//! `rbd:POOL/IMAGE[,...]` (see `rbd::spec`).
 
 use std::io;
 use std::path::PathBuf;
@@ -11,6 +12,7 @@ use super::file::FileDevice;
 use super::mem::MemDevice;
 use super::model::realtime::ModelDevice;
 use super::model::ModelSpec;
+use super::rbd::{RbdDevice, RbdSpec};
 use super::Device;
 use crate::units::parse_bytes;
 
@@ -19,12 +21,16 @@ pub enum DeviceSpec {
     File(PathBuf),
     Mem { size_bytes: u64 },
     Model(Box<ModelSpec>),
+    Rbd(Box<RbdSpec>),
 }
 
 impl DeviceSpec {
     pub fn parse(text: &str) -> Result<DeviceSpec, String> {
         if let Some(model) = text.strip_prefix("model:") {
             return Ok(DeviceSpec::Model(Box::new(ModelSpec::parse(model)?)));
+        }
+        if let Some(rbd) = text.strip_prefix("rbd:") {
+            return Ok(DeviceSpec::Rbd(Box::new(RbdSpec::parse(rbd)?)));
         }
         if let Some(size) = text.strip_prefix("mem:") {
             let size_bytes = parse_bytes(size)?;
@@ -47,6 +53,7 @@ impl std::fmt::Display for DeviceSpec {
             DeviceSpec::File(path) => write!(f, "{}", path.display()),
             DeviceSpec::Mem { size_bytes } => write!(f, "mem:{size_bytes}"),
             DeviceSpec::Model(spec) => write!(f, "{}", spec.text),
+            DeviceSpec::Rbd(spec) => write!(f, "{}", spec.text),
         }
     }
 }
@@ -72,6 +79,10 @@ pub fn open(spec: &DeviceSpec, read_only: bool, engine: IoEngine) -> io::Result<
         ),
         DeviceSpec::Mem { size_bytes } => Arc::new(MemDevice::new(*size_bytes)),
         DeviceSpec::Model(spec) => Arc::new(ModelDevice::open(spec, read_only)?),
+        DeviceSpec::Rbd(spec) => Arc::new(
+            RbdDevice::open(spec, read_only)
+                .map_err(|err| io::Error::new(err.kind(), format!("{}: {err}", spec.text)))?,
+        ),
     })
 }
 
@@ -103,5 +114,10 @@ mod tests {
             Ok(DeviceSpec::Model(_))
         ));
         assert!(DeviceSpec::parse("model:hdd,size=1G,tags=x").is_err());
+        assert!(matches!(
+            DeviceSpec::parse("rbd:rbd/disk,conf=/c.conf"),
+            Ok(DeviceSpec::Rbd(_))
+        ));
+        assert!(DeviceSpec::parse("rbd:disk").is_err());
     }
 }

@@ -23,10 +23,10 @@ pub(crate) fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
     let volatile = match &spec {
         DeviceSpec::Mem { .. } => true,
         DeviceSpec::Model(model) => model.store == crate::device::model::spec::ModelStore::Mem,
-        DeviceSpec::File(_) => false,
+        DeviceSpec::File(_) | DeviceSpec::Rbd(_) => false,
     };
     if volatile {
-        bail!("{text}: pools need devices that keep their data (a file, a block device, or a model with store=file:PATH)");
+        bail!("{text}: pools need devices that keep their data (a file, a block device, an rbd image, or a model with store=file:PATH)");
     }
     // A file's error names its path already.
     device::open(&spec, false, IoEngine::Auto).map_err(|err| match spec {
@@ -37,7 +37,7 @@ pub(crate) fn open_member(text: &str) -> anyhow::Result<Arc<dyn Device>> {
 
 /// The same device named twice, perhaps by different paths.
 pub(crate) fn identity(text: &str) -> String {
-    if text.starts_with("model:") {
+    if text.starts_with("model:") || text.starts_with("rbd:") {
         return text.to_string();
     }
     let path = text.strip_prefix("file:").unwrap_or(text);

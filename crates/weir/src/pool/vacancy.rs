@@ -6,7 +6,8 @@
 //! a file must hold nothing but zeros (a sparse file from `truncate -s`
 //! holds none at all), and a block device must be blank where partition
 //! tables, filesystems, LVM and ZFS keep their labels: its first and last
-//! MiB. Anything else needs `--force`.
+//! MiB. An RBD image, like a file, must hold nothing but zeros where it
+//! is allocated. Anything else needs `--force`.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -19,7 +20,7 @@ use anyhow::{bail, Context};
 use super::label::{choose, LabelError};
 use super::members::read_labels;
 use super::takeover::check_named_holders;
-use crate::device::Device;
+use crate::device::{run_sync, AlignedBuf, Device, DeviceOp};
 
 /// Smaller devices cannot hold labels, metadata and useful data.
 pub const DEVICE_BYTES_MIN: u64 = 64 << 20;
@@ -40,7 +41,7 @@ pub fn check_free(
     }
     match choose(read_labels(device)) {
         Ok(found) if Some(found.label.pool_id) == own_pool => Ok(()),
-        Err(LabelError::NotALabel) => match occupied(text)? {
+        Err(LabelError::NotALabel) => match occupied(text, device)? {
             Some(why) if force => {
                 tracing::warn!(
                     device = text,
@@ -72,7 +73,15 @@ const SCAN_CHUNK_BYTES: usize = 1 << 20;
 
 /// Why the device `text` names may not be taken without `--force`, or
 /// None if it may. Device models are the simulator's and are not checked.
-fn occupied(text: &str) -> anyhow::Result<Option<String>> {
+fn occupied(text: &str, device: &dyn Device) -> anyhow::Result<Option<String>> {
+    if text.starts_with("rbd:") {
+        return occupied_where_allocated(device);
+    }
+    occupied_path(text)
+}
+
+/// `occupied` for a path, or a device of the simulator's.
+fn occupied_path(text: &str) -> anyhow::Result<Option<String>> {
     if text.starts_with("model:") || text.starts_with("mem:") {
         return Ok(None);
     }
@@ -100,6 +109,41 @@ fn occupied(text: &str) -> anyhow::Result<Option<String>> {
             return Ok(Some(format!("it holds data (at byte {found})")));
         }
         at = end;
+    }
+    Ok(None)
+}
+
+/// A device with an allocation map (an RBD image): any allocated byte
+/// that is not zero.
+fn occupied_where_allocated(device: &dyn Device) -> anyhow::Result<Option<String>> {
+    const EXTENTS_PER_CALL: usize = 1024;
+    let size = device.info().size_bytes;
+    let mut at = 0;
+    while at < size {
+        let extents = device.extents(at, size - at, EXTENTS_PER_CALL)?;
+        if extents.is_empty() {
+            break;
+        }
+        for extent in extents {
+            if !extent.hole {
+                let mut start = at;
+                while start < at + extent.length {
+                    let length = (at + extent.length - start).min(SCAN_CHUNK_BYTES as u64);
+                    let buf = AlignedBuf::new(length as usize);
+                    let outcome = run_sync(device, DeviceOp::Read { offset: start, buf });
+                    outcome.result?;
+                    let buf = outcome.buf.expect("reads return their buffer");
+                    if let Some(i) = buf.as_slice().iter().position(|b| *b != 0) {
+                        return Ok(Some(format!(
+                            "it holds data (at byte {})",
+                            start + i as u64
+                        )));
+                    }
+                    start += length;
+                }
+            }
+            at += extent.length;
+        }
     }
     Ok(None)
 }
@@ -166,17 +210,17 @@ mod tests {
     fn a_sparse_or_zeroed_file_is_free_and_one_with_data_is_not() {
         let tmp = tempfile::tempdir().unwrap();
         let sparse = file_with(tmp.path(), "sparse", 256 << 20, &[]);
-        assert_eq!(occupied(&sparse).unwrap(), None);
+        assert_eq!(occupied_path(&sparse).unwrap(), None);
         let zeros = vec![0u8; 3 << 20];
         let zeroed = file_with(tmp.path(), "zeroed", 8 << 20, &[(1 << 20, &zeros)]);
-        assert_eq!(occupied(&zeroed).unwrap(), None);
+        assert_eq!(occupied_path(&zeroed).unwrap(), None);
         let used = file_with(
             tmp.path(),
             "used",
             256 << 20,
             &[(100 << 20, b"a database page")],
         );
-        let why = occupied(&format!("file:{used}"))
+        let why = occupied_path(&format!("file:{used}"))
             .unwrap()
             .expect("occupied");
         assert!(why.contains(&(100u64 << 20).to_string()), "{why}");
@@ -184,6 +228,30 @@ mod tests {
 
     #[test]
     fn models_are_not_checked() {
-        assert_eq!(occupied("model:hdd,size=1G").unwrap(), None);
+        assert_eq!(occupied_path("model:hdd,size=1G").unwrap(), None);
+    }
+
+    #[test]
+    fn allocated_data_that_is_not_zero_is_found() {
+        use crate::device::mem::MemDevice;
+        let device = MemDevice::new(64 << 20);
+        assert_eq!(occupied_where_allocated(&device).unwrap(), None);
+        let write = |offset: u64, byte: u8| {
+            let mut buf = AlignedBuf::new(4096);
+            buf.as_mut_slice().fill(byte);
+            let op = DeviceOp::Write {
+                offset,
+                buf: buf.into(),
+                durable: false,
+            };
+            run_sync(&device, op).result.unwrap();
+        };
+        write(3 << 20, 0);
+        assert_eq!(occupied_where_allocated(&device).unwrap(), None);
+        write((40 << 20) + 4096, 7);
+        let why = occupied_where_allocated(&device)
+            .unwrap()
+            .expect("occupied");
+        assert!(why.contains(&((40u64 << 20) + 4096).to_string()), "{why}");
     }
 }
