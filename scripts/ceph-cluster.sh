@@ -147,6 +147,9 @@ osd memory target = 939524096
 bluestore cache autotune = false
 bluestore cache size = 134217728
 osd op num shards = 1
+# An OSD that dies without a word is marked down in seconds, not 20 s.
+osd heartbeat interval = 2
+osd heartbeat grace = 8
 osd op num threads per shard = 2
 EOF
 

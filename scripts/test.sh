@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 need_packages=()
 for pair in nbdinfo:libnbd-bin nbdcopy:libnbd-bin nbdfuse:libnbd-bin fio:fio nbdkit:nbdkit \
             qemu-img:qemu-utils qemu-io:qemu-utils fusermount3:fuse3 mkfs.ext4:e2fsprogs losetup:mount \
-            openssl:openssl promtool:prometheus curl:curl; do
+            openssl:openssl promtool:prometheus curl:curl \
+            ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd rbd:ceph-common; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_packages+=("${pair#*:}")
 done
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || need_packages+=(python3-libnbd)

@@ -29,7 +29,7 @@ pub enum Command {
     /// Pools of mirrored, checksummed devices: create, status, replace.
     #[command(subcommand)]
     Pool(crate::cli::pool::PoolCommand),
-    /// Volumes in pools (so far offline: create, list, delete).
+    /// Volumes in pools: create, list, delete, resize, set properties (on the running server or offline).
     #[command(subcommand)]
     Volume(crate::cli::pool::VolumeCommand),
     /// Verify every copy of a pool's data and repair bad copies: start, pause, resume, stop, status.
