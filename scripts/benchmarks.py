@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,writeback-matrix,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,rbd,writeback-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -263,6 +263,17 @@ table judge the streams against the mean of both halves' sequential rates
 (1 MiB QD8 from the start and from the middle, readahead off), as the
 virtual-time scenario does. The same readers and more, in virtual time where
 a run repeats exactly: `weir bench readahead` in [scenarios.md](scenarios.md)."""))
+    parts.append(section(os.path.join(RESULTS, "rbd.md"), "Ceph RBD: weir vs qemu-storage-daemon",
+                         """A single-node Ceph cluster (`scripts/ceph-cluster.sh`: one monitor, one
+manager, three OSDs with BlueStore on files, pool `rbd` with two copies) on
+the same machine as the servers and fio. Each server serves its own 1 GiB
+image, filled first: weir with its write-back cache (the default) and with
+`cache=writethrough`, and qemu-storage-daemon's rbd driver with the
+cluster's defaults (librbd's cache, writethrough until the first flush).
+The fio jobs run interleaved in rounds as for the other peers. rbd-nbd needs
+the kernel's nbd module, which this machine lacks. Then a 4 KiB QD1 random
+reader through weir runs on the idle cluster, and again right after an OSD
+that missed 1 GiB of writes starts again and recovers them."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
@@ -321,7 +332,7 @@ def write(path, parts):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     everything = ",".join(dict.fromkeys(
-        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "writeback-matrix", *SCENARIOS]))
+        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "rbd", "writeback-matrix", *SCENARIOS]))
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -348,6 +359,8 @@ def main():
             failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
         if "readahead" in wanted:
             failed += run(["bench/readahead.sh", "--out", "bench/results/readahead"]) != 0
+        if "rbd" in wanted:
+            failed += run(["bench/rbd.sh", "--out", "bench/results/rbd"]) != 0
         if "writeback-matrix" in wanted:
             failed += run(["bench/writeback_matrix.py"]) != 0
         for name in SCENARIOS:

@@ -20,6 +20,8 @@ from weirtest import WEIR, Weir, run
 MIB = 1 << 20
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../scripts/ceph-cluster.sh")
 CLUSTER = {}
+# 1 MiB of 0x5a with 256 KiB trimmed from its middle.
+PARTLY_TRIMMED = b"\x5a" * (512 * 1024) + bytes(256 * 1024) + b"\x5a" * (256 * 1024)
 
 
 def setUpModule():
@@ -82,7 +84,7 @@ class RawExport(unittest.TestCase):
         spec = new_image("raw1", 256)
         with tempfile.TemporaryDirectory() as tmp:
             source = random_file(os.path.join(tmp, "source"), 32 * MIB)
-            with Weir("--export", f"img={spec}") as weir:
+            with Weir("--export", f"img={spec},readahead=on") as weir:
                 uri = weir.uri("img")
                 info = run("qemu-img", "info", "--output=json", uri).stdout
                 self.assertIn('"virtual-size": 268435456', info)
@@ -100,10 +102,11 @@ class RawExport(unittest.TestCase):
                 handle.connect_uri(uri)
                 handle.pwrite(b"\x5a" * (8 * MIB), 128 * MIB)
                 handle.flush()
-                handle.trim(4 * MIB, 128 * MIB)
+                handle.trim(4 * MIB, 128 * MIB)  # a whole object
+                handle.trim(256 * 1024, 133 * MIB + 512 * 1024)  # part of one
                 handle.zero(MIB, 134 * MIB)
                 self.assertEqual(handle.pread(4 * MIB, 128 * MIB), bytes(4 * MIB))
-                self.assertEqual(handle.pread(MIB, 133 * MIB), b"\x5a" * MIB)
+                self.assertEqual(handle.pread(MIB, 133 * MIB), PARTLY_TRIMMED)
                 self.assertEqual(handle.pread(MIB, 134 * MIB), bytes(MIB))
                 handle.flush()
                 extents = []
@@ -118,8 +121,11 @@ class RawExport(unittest.TestCase):
             rbd("export", "rbd/raw1", exported)
             with open(exported, "rb") as f:
                 self.assertEqual(f.read(32 * MIB), open(source, "rb").read())
+                f.seek(128 * MIB)
+                self.assertEqual(f.read(4 * MIB), bytes(4 * MIB))
                 f.seek(133 * MIB)
-                self.assertEqual(f.read(MIB), b"\x5a" * MIB)
+                self.assertEqual(f.read(MIB), PARTLY_TRIMMED)
+                self.assertEqual(f.read(MIB), bytes(MIB))
 
     def test_a_read_only_export_opens_an_image_another_gateway_writes(self):
         spec = new_image("shared", 64)
@@ -178,6 +184,26 @@ class Gateways(unittest.TestCase):
                 self.assertIn("held by another client", str(err))
                 self.assertLess(time.monotonic(), deadline, "the lock was never released")
                 time.sleep(2)
+
+
+    def test_an_image_without_the_exclusive_lock_is_served_with_a_warning(self):
+        rbd("create", "--size", "64M", "--image-feature", "layering", "rbd/nolock")
+        spec = f"rbd:rbd/nolock,conf={CLUSTER['conf']}"
+        with Weir("--export", f"img={spec}") as weir:
+            handle = nbd.NBD()
+            handle.connect_uri(weir.uri("img"))
+            handle.pwrite(b"\x33" * 4096, 0, nbd.CMD_FLAG_FUA)
+            handle.shutdown()
+            self.assertEqual(weir.stop(), 0)
+            self.assertIn("the image has no exclusive-lock feature", weir.logs())
+
+    def test_another_librbd_writer_is_refused_while_weir_serves(self):
+        spec = new_image("busy", 64)
+        with Weir("--export", f"img={spec}") as weir:
+            result = run("rbd", "-c", CLUSTER["conf"], "bench", "--io-type", "write", "--io-size", "4K",
+                         "--io-total", "64K", "rbd/busy", check=False, timeout=120)
+            self.assertNotEqual(result.returncode, 0, result.stdout)
+            self.assertTrue(weir.alive())
 
 
 class PoolMembers(unittest.TestCase):

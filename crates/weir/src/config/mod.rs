@@ -153,7 +153,7 @@ pub struct ServeArgs {
     /// Listen on this Unix socket (beside TCP only if --listen names an address).
     #[arg(short, long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE...][,readonly-for=RULE...] (repeatable). SPEC is PATH, file:PATH, mem:SIZE or model:KIND,size=SIZE[,param=value...] (docs/devices.md); RULE is an address or network, or cert:NAME (docs/security.md).
+    /// Export a file or device: NAME=SPEC[,readonly][,cache=MODE][,readahead=on|off][,tls-only][,allow=RULE...][,readonly-for=RULE...] (repeatable). SPEC is PATH, file:PATH, mem:SIZE, model:KIND,size=SIZE[,param=value...] (docs/devices.md) or rbd:POOL/IMAGE[,conf=PATH][,id=NAME][,cluster=NAME] (docs/ceph.md); RULE is an address or network, or cert:NAME (docs/security.md).
     #[arg(short, long, value_name = "NAME=SPEC[,OPTION...]")]
     pub export: Vec<String>,
     /// Where the embedded default volume lives [default: ./weir-data].

@@ -136,7 +136,12 @@ impl RbdDevice {
                 "rbd_get_features",
                 (api.rbd_get_features)(device.image, &mut features),
             )?;
-            if !read_only && features & ffi::FEATURE_EXCLUSIVE_LOCK != 0 {
+            if !read_only && features & ffi::FEATURE_EXCLUSIVE_LOCK == 0 {
+                tracing::warn!(
+                    image = %format!("{}/{}", spec.pool, spec.image),
+                    "the image has no exclusive-lock feature: nothing stops another gateway writing it meanwhile (rbd feature enable POOL/IMAGE exclusive-lock)"
+                );
+            } else if !read_only {
                 // Held for as long as the image is open: librbd would
                 // otherwise hand the lock to another writer on request, and
                 // two servers caching writes to one image would each serve
@@ -213,6 +218,13 @@ unsafe extern "C" fn on_complete(completion: AioCompletion, arg: *mut c_void) {
         return;
     }
     match std::mem::replace(&mut pending.stage, Stage::Other) {
+        // An image shrunk by another client under weir reads short.
+        Stage::Read(buf) if (ret as usize) < buf.len() => {
+            (pending.done)(Outcome::done(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("rbd read {ret} of {} bytes: the image shrank", buf.len()),
+            ))))
+        }
         Stage::Read(buf) => (pending.done)(Outcome {
             result: Ok(()),
             buf: Some(buf),
