@@ -353,6 +353,10 @@ impl Device for RbdDevice {
             extents: Vec::new(),
             extents_max,
         };
+        // Whole objects: with the object map (fast-diff) the answer comes
+        // from memory, not from one round trip per object; an object that
+        // exists reads as data, which NBD allows, and holes stay exact.
+        let (include_parent, whole_object) = (1, 1);
         // SAFETY: `walk` outlives the synchronous call.
         let ret = unsafe {
             (self.api.rbd_diff_iterate2)(
@@ -360,8 +364,8 @@ impl Device for RbdDevice {
                 ptr::null(),
                 offset,
                 length,
-                1,
-                0,
+                include_parent,
+                whole_object,
                 each,
                 (&mut walk as *mut Walk).cast(),
             )
