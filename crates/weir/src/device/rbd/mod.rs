@@ -301,12 +301,8 @@ impl Device for RbdDevice {
                 (api.rbd_aio_discard)(image, offset, length, c)
             }),
             DeviceOp::WriteZeroes { offset, length, .. } => {
-                let Ok(length) = usize::try_from(length) else {
-                    (pending(Stage::Other).done)(Outcome::done(Err(io::Error::from_raw_os_error(
-                        libc::EOPNOTSUPP,
-                    ))));
-                    return;
-                };
+                // usize is 64 bits wide wherever librbd runs.
+                let length = length as usize;
                 self.start(pending(Stage::Other), |c| unsafe {
                     (api.rbd_aio_write_zeroes)(image, offset, length, c, 0, 0)
                 })
