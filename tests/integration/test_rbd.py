@@ -95,7 +95,7 @@ class RawExport(unittest.TestCase):
                     self.assertEqual(f.read(32 * MIB), open(source, "rb").read())
                 # fio writes and verifies a second region at queue depth 8.
                 fio(uri, "--rw=randwrite", "--bs=4k", "--iodepth=8", "--offset=64M", "--size=16M",
-                    "--verify=crc32c", "--do_verify=1")
+                    "--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
 
                 handle = nbd.NBD()
                 handle.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
@@ -251,7 +251,7 @@ class OsdFailure(unittest.TestCase):
                 outcome["fio"] = run(
                     "fio", "--name=j", "--ioengine=nbd", f"--uri={uri}", "--rw=randrw", "--bs=4k",
                     "--iodepth=8", "--size=64M", "--time_based", "--runtime=30",
-                    "--verify=crc32c", "--verify_backlog=256", "--fsync=64",
+                    "--verify=crc32c", "--verify_backlog=256", "--verify_state_save=0", "--fsync=64",
                     check=False, timeout=180)
 
             thread = threading.Thread(target=load)
