@@ -87,15 +87,25 @@ class Readahead(PoolTest):
         self.assertIsNotNone(hits, "readahead counters in /metrics")
         self.assertGreater(int(hits.group(1)), reads * 9 // 10, "nearly every read answered from read-ahead")
 
-    def test_without_readahead_the_devices_see_no_async_reads(self):
-        w = self.serve()
+    def read_a_written_stream(self, w):
+        """Write 16 MiB, then read it back in order at QD1: reads of
+        unwritten data would need no device at all."""
         reader = self.connections(w, 1)[0]
+        data = os.urandom(256 * REQUEST)
+        reader.pwrite(data, 0)
+        reader.flush()
         for i in range(256):
-            reader.pread(REQUEST, i * REQUEST)
-        metrics = self.metrics()
+            self.assertEqual(reader.pread(REQUEST, i * REQUEST), data[i * REQUEST:(i + 1) * REQUEST])
+        return self.metrics()
+
+    def test_by_default_a_stream_is_read_ahead(self):
+        metrics = self.read_a_written_stream(self.serve())
+        self.assertGreater(async_reads(metrics), 0)
+
+    def test_with_readahead_off_the_devices_see_no_async_reads(self):
+        metrics = self.read_a_written_stream(self.serve("--readahead", "off"))
         self.assertEqual(async_reads(metrics), 0)
         self.assertNotIn("weir_volume_readahead_hits", metrics)
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -14,7 +14,7 @@
 //! pid_file = "/run/weir.pid"     # written once serving, removed at exit
 //! cache = "writeback"            # writeback | writethrough, for every volume
 //! cache_dirty_max = "1G"         # dirty-memory limit; default: ~1 s of writeback
-//! readahead = "off"              # on | off, for every volume
+//! readahead = "on"               # on | off, for every volume
 //! tls = "off"                    # off | on | require (see access.rs)
 //! tls_certificates = "./weir-data/tls"
 //! tls_verify_peer = false
@@ -189,7 +189,7 @@ pub struct ServeArgs {
     /// Dirty memory all write-back caches may hold together, e.g. 512M [default: about 1 s of the devices' measured write-back rate, at most 1/8 of RAM].
     #[arg(long, value_name = "SIZE")]
     pub cache_dirty_max: Option<String>,
-    /// Read ahead for sequential streams, recognised per volume across connections, for every volume [default: off].
+    /// Read ahead for sequential streams, recognised per volume across connections, for every volume [default: on].
     #[arg(long, value_enum, value_name = "MODE")]
     pub readahead: Option<ReadaheadMode>,
     /// NBD over TLS (STARTTLS): off; on, for clients that ask and for tls-only exports; or require, for every client [default: off].
@@ -438,13 +438,16 @@ impl ServeConfig {
             .unwrap_or(self.cache)
     }
 
-    /// The readahead mode of the export or pool volume `name`.
+    /// The readahead mode of the export or pool volume `name`. A memory
+    /// export reads nothing ahead unless it names a mode itself: memory
+    /// answers at once, so read-ahead would only add a copy.
     pub fn readahead_of(&self, name: &str) -> ReadaheadMode {
-        self.exports
-            .iter()
-            .find(|e| e.name == name)
+        let export = self.exports.iter().find(|e| e.name == name);
+        let memory = export.is_some_and(|e| matches!(e.device, DeviceSpec::Mem { .. }));
+        export
             .and_then(|e| e.readahead)
             .or_else(|| self.volume(name).and_then(|v| v.readahead))
+            .or(memory.then_some(ReadaheadMode::Off))
             .unwrap_or(self.readahead)
     }
 
@@ -758,13 +761,20 @@ mod tests {
         assert_eq!(volume.cache, None);
         assert!(parse_volume_flag("tank/db,readahead=1").is_err());
         let args = ServeArgs {
-            export: vec!["a=mem:1M,readahead=on".into(), "b=mem:1M".into()],
+            export: vec![
+                "a=/tmp/a,readahead=off".into(),
+                "b=/tmp/b".into(),
+                "m=mem:1M".into(),
+                "n=mem:1M,readahead=on".into(),
+            ],
             volume: vec!["tank/db,readahead=on".into()],
             ..Default::default()
         };
         let config = ServeConfig::resolve(&args).unwrap();
-        assert_eq!(config.readahead_of("a"), ReadaheadMode::On);
-        assert_eq!(config.readahead_of("b"), ReadaheadMode::Off, "the default");
+        assert_eq!(config.readahead_of("a"), ReadaheadMode::Off);
+        assert_eq!(config.readahead_of("b"), ReadaheadMode::On, "the default");
+        assert_eq!(config.readahead_of("m"), ReadaheadMode::Off, "memory");
+        assert_eq!(config.readahead_of("n"), ReadaheadMode::On);
         assert_eq!(config.readahead_of("tank/db"), ReadaheadMode::On);
         assert_eq!(config.cache_of("tank/db"), CacheMode::Writeback);
     }

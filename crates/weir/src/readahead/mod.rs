@@ -29,8 +29,8 @@ pub use store::{Clock, ReadaheadCounters, ReadaheadStore};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReadaheadMode {
-    On,
     #[default]
+    On,
     Off,
 }
 

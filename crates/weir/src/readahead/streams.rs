@@ -40,6 +40,34 @@ const REORDER_REQUESTS: u64 = 32;
 /// How far past its frontier a read may start, in requests of its size: a
 /// reader that skips a request or two is still streaming.
 const GAP_REQUESTS: u64 = 2;
+/// Reads in a row, each right at the end of the one before, that confirm
+/// a stream while read-ahead pays on the volume.
+const CONFIRM_READS_FIRST: u64 = 2;
+/// Confirmation doubles, up to `CONFIRM_READS_FIRST << CONFIRM_SHIFT_MAX`
+/// reads, each time a stream's first window goes unread. Reads of a size
+/// that is a large share of the volume land next to one of the tracked
+/// reads by chance often (1 MiB random reads on 4 GiB: every tenth, 4 MiB:
+/// every other), and each such pair would read a window nobody wants.
+const CONFIRM_SHIFT_MAX: u32 = 3;
+/// At most this share of random reads confirms a stream by landing side
+/// by side with others by chance (each such stream reads a first window
+/// of four requests), judged from how likely that is for reads of the
+/// size seen: each tracked read offers `TIGHT_SLOTS` requests that
+/// continue it.
+const CHANCE_CONFIRMED_MAX: f64 = 0.001;
+const TIGHT_SLOTS: f64 = (1 + 1 + GAP_REQUESTS + 1) as f64;
+/// Confirmation halves again after this long with no window unread.
+const CONFIRM_RELAX_NS: u64 = 10 * ACTIVE_NS;
+/// A first window is judged unread once its stream has not read for this
+/// many of its own intervals between reads (within `UNREAD_WAIT_MIN_NS`
+/// and `ACTIVE_NS`): a reader that wants it comes back at its own pace.
+const UNREAD_INTERVALS: u64 = 4;
+const UNREAD_WAIT_MIN_NS: u64 = ACTIVE_NS / 100;
+/// After this many reads since its confirmation, a stream whose frontier
+/// moved on by more than `RUNAWAY_REQUESTS_PER_READ` requests per read is
+/// not a reader's (one that skips `GAP_REQUESTS` at every read moves 3).
+const RUNAWAY_READS: u64 = 4;
+const RUNAWAY_REQUESTS_PER_READ: u64 = GAP_REQUESTS + 2;
 /// A confirmed stream's first window, in requests of its size.
 pub const FIRST_WINDOW_REQUESTS: u64 = 4;
 /// A window keeps doubling while the stream's rate over a window grew by
@@ -114,6 +142,7 @@ struct Stream {
     ahead_end: u64,
     last_read: u64,
     last_read_ns: u64,
+    first_read_ns: u64,
     /// The stream's client reads not yet answered.
     outstanding: u32,
     /// No read-ahead before this many reads: its client kept several in
@@ -122,6 +151,14 @@ struct Stream {
     /// Where its earliest read-ahead data dropped unread began: reaching
     /// it shows the window outgrew the memory (thrashing).
     evicted_from: Option<u64>,
+    /// Reads of it came in a row, each right at the end of the one
+    /// before, as many times as the volume asked when they did.
+    confirmed: bool,
+    /// Its reads and frontier when it was confirmed.
+    confirmed_with: (u64, u64),
+    /// Its first window (range, and when it was planned), until a read
+    /// lands in it: if none does, the stream was chance adjacency.
+    first_window_unread: Option<(u64, u64, u64)>,
 }
 
 /// The window every stream of the volume grows toward, judged by what the
@@ -224,13 +261,23 @@ impl Growth {
 }
 
 impl Stream {
+    /// Not a stream after all: it reads nothing ahead until reads in a
+    /// row confirm it again.
+    fn forget_confirmation(&mut self) {
+        self.first_window_unread = None;
+        self.confirmed = false;
+        self.reads = 1;
+        self.window = 0;
+        self.ahead_end = self.frontier;
+    }
+
     fn continued_by(&self, offset: u64, length: u64) -> bool {
-        // Until a second read confirms it, a stream is continued only
+        // Until reads in a row confirm it, a stream is continued only
         // right at its end: random reads landing near one of the streams
         // tracked must not start read-ahead. Once confirmed, reads that
         // arrive early or late by up to a client's queue of requests
         // still belong to it.
-        let (behind, ahead) = if self.reads < 2 {
+        let (behind, ahead) = if !self.confirmed {
             (length, GAP_REQUESTS * length)
         } else {
             let reorder = (REORDER_REQUESTS * length).max(self.window);
@@ -252,6 +299,11 @@ pub struct Streams {
     advanced: u64,
     /// When the last `OTHER_READS` reads that continued no stream came.
     other_reads_ns: VecDeque<u64>,
+    /// Streams are confirmed by `CONFIRM_READS_FIRST << confirm_shift`
+    /// reads in a row.
+    confirm_shift: u32,
+    /// When a first window last went unread.
+    unread_at_ns: u64,
     /// What a window costs the device by its length (ns), from the
     /// windows served: its cost per byte is the rate a window streams at,
     /// without the seek before it.
@@ -288,11 +340,12 @@ impl Streams {
     ) -> (u64, Option<Plan>) {
         self.reads += 1;
         let now = self.reads;
+        self.judge_first_windows(now_ns);
         let recent = |s: &&Stream| now_ns.saturating_sub(s.last_read_ns) < ACTIVE_NS;
         let reading = self
             .streams
             .iter()
-            .filter(|s| s.reads >= 2)
+            .filter(|s| s.confirmed)
             .filter(recent)
             .count() as u64;
         // The window was judged by the streams that read then: once none
@@ -347,6 +400,7 @@ impl Streams {
         let window_max = window_max.max(FIRST_WINDOW_REQUESTS * length);
         let window_max = window_max - window_max % length.max(1);
         let end = offset + length;
+        let confirm_reads = self.confirm_reads_for(length, size);
         let Some(stream) = self
             .streams
             .iter_mut()
@@ -354,7 +408,7 @@ impl Streams {
             // A confirmed stream before a lone read that happens to end
             // here (a random reader's, say): that would take the stream's
             // reads and read its window again from the start.
-            .min_by_key(|s| (s.reads < 2, s.frontier.abs_diff(offset)))
+            .min_by_key(|s| (!s.confirmed, s.frontier.abs_diff(offset)))
         else {
             if self.other_reads_ns.len() == OTHER_READS {
                 self.other_reads_ns.pop_front();
@@ -366,11 +420,36 @@ impl Streams {
         stream.last_read_ns = now_ns;
         stream.reads += 1;
         stream.outstanding += 1;
+        if stream
+            .first_window_unread
+            .is_some_and(|(start, end, _)| offset < end && start < offset + length)
+        {
+            stream.first_window_unread = None;
+        }
+        if !stream.confirmed && stream.reads >= confirm_reads {
+            stream.confirmed = true;
+            stream.confirmed_with = (stream.reads, stream.frontier);
+        }
         let id = stream.id;
         // The frontier follows every read, so that a stream read at depth
         // is not left behind where a later reader would take it up.
         let advanced = end.saturating_sub(stream.frontier);
         stream.frontier = stream.frontier.max(end);
+        // A reader reads on from where it was, a request at a time (or a
+        // few, skipping some): a confirmed stream whose frontier runs
+        // ahead faster is random reads landing within its reorder window
+        // (4 MiB reads on a 4 GiB volume always find one), each pushing it
+        // on and planning a window nobody reads.
+        let (reads_then, frontier_then) = stream.confirmed_with;
+        let reads_since = stream.reads.saturating_sub(reads_then);
+        if stream.confirmed
+            && reads_since >= RUNAWAY_READS
+            && stream.frontier - frontier_then > RUNAWAY_REQUESTS_PER_READ * length * reads_since
+        {
+            stream.forget_confirmation();
+            self.first_window_went_unread(now_ns);
+            return (id, None);
+        }
         if stream.evicted_from.is_some_and(|at| end > at) {
             Self::thrashed(&mut self.growth, stream);
         }
@@ -381,7 +460,7 @@ impl Streams {
             stream.deep_until_reads = stream.reads + DEEP_CLIENT_READS;
             return (id, None);
         }
-        if stream.reads < stream.deep_until_reads {
+        if stream.reads < stream.deep_until_reads || !stream.confirmed {
             return (id, None);
         }
         // On flash, a stream beside other readers reads only what its
@@ -401,7 +480,8 @@ impl Streams {
         stream.ahead_end = stream.ahead_end.max(stream.frontier);
         // A stream starts at the first window and doubles with each plan
         // up to the volume's.
-        stream.window = if stream.window == 0 {
+        let first = stream.window == 0;
+        stream.window = if first {
             first_window
         } else {
             stream.window.min(target)
@@ -418,6 +498,9 @@ impl Streams {
             return (id, None);
         }
         stream.ahead_end = until;
+        if first {
+            stream.first_window_unread = Some((start, until, now_ns));
+        }
         let plan = Plan {
             stream: stream.id,
             start,
@@ -540,6 +623,59 @@ impl Streams {
         }
     }
 
+    /// Streams whose first window went unread for `ACTIVE_NS` were reads
+    /// that landed next to each other by chance: confirm later streams by
+    /// more reads. A stream that read into its windows and then stopped
+    /// (its reader reached the end) says nothing of the kind.
+    fn judge_first_windows(&mut self, now_ns: u64) {
+        let mut unread = 0;
+        for stream in &mut self.streams {
+            let Some((_, _, planned_ns)) = stream.first_window_unread else {
+                continue;
+            };
+            let interval = stream.last_read_ns.saturating_sub(stream.first_read_ns)
+                / stream.reads.max(2).saturating_sub(1);
+            let wait = (UNREAD_INTERVALS * interval).clamp(UNREAD_WAIT_MIN_NS, ACTIVE_NS);
+            if now_ns.saturating_sub(planned_ns) >= wait {
+                stream.forget_confirmation();
+                unread += 1;
+            }
+        }
+        for _ in 0..unread {
+            self.first_window_went_unread(now_ns);
+        }
+        if unread == 0
+            && self.confirm_shift > 0
+            && now_ns.saturating_sub(self.unread_at_ns) >= CONFIRM_RELAX_NS
+        {
+            self.confirm_shift -= 1;
+            self.unread_at_ns = now_ns;
+        }
+    }
+
+    fn first_window_went_unread(&mut self, now_ns: u64) {
+        self.confirm_shift = (self.confirm_shift + 1).min(CONFIRM_SHIFT_MAX);
+        self.unread_at_ns = now_ns;
+    }
+
+    /// Reads in a row that confirm a stream now.
+    pub fn confirm_reads(&self) -> u64 {
+        CONFIRM_READS_FIRST << self.confirm_shift
+    }
+
+    /// Reads in a row that confirm a stream of reads of `length` on a
+    /// volume of `size`: at least enough that random reads of that size
+    /// chain so far by chance for at most `CHANCE_CONFIRMED_MAX` of them.
+    /// A 4 KiB read on 4 GiB lands next to one of the 64 reads tracked
+    /// once in 3000 reads; a 4 MiB one, every third.
+    fn confirm_reads_for(&self, length: u64, size: u64) -> u64 {
+        let chance =
+            (STREAMS_MAX as f64 * TIGHT_SLOTS * length as f64 / size.max(1) as f64).min(0.99);
+        let by_chance = 1 + (CHANCE_CONFIRMED_MAX.ln() / chance.ln()).ceil().max(1.0) as u64;
+        let most = CONFIRM_READS_FIRST << CONFIRM_SHIFT_MAX;
+        self.confirm_reads().max(by_chance.min(most))
+    }
+
     fn start_stream(&mut self, frontier: u64, now: u64, now_ns: u64) -> u64 {
         if self.streams.len() >= STREAMS_MAX {
             let oldest = self
@@ -549,7 +685,10 @@ impl Streams {
                 .min_by_key(|(_, s)| s.last_read)
                 .map(|(i, _)| i)
                 .expect("streams is full");
-            self.streams.swap_remove(oldest);
+            let gone = self.streams.swap_remove(oldest);
+            if gone.first_window_unread.is_some() {
+                self.first_window_went_unread(now_ns);
+            }
         }
         self.next_id += 1;
         self.streams.push(Stream {
@@ -560,9 +699,13 @@ impl Streams {
             ahead_end: frontier,
             last_read: now,
             last_read_ns: now_ns,
+            first_read_ns: now_ns,
             outstanding: 1,
             evicted_from: None,
             deep_until_reads: 0,
+            confirmed: false,
+            confirmed_with: (0, 0),
+            first_window_unread: None,
         });
         self.next_id
     }
@@ -665,7 +808,12 @@ mod tests {
         let mut planned = [0u64; 2];
         for i in 0..100 {
             for (k, base) in [0, second].into_iter().enumerate() {
-                if let Some(plan) = read(&mut streams, base + i * length, length) {
+                // Each stream moves 1 byte per ns, on one clock.
+                let now_ns = (2 * i + k as u64 + 1) * length;
+                let (stream, plan) =
+                    streams.on_read(base + i * length, length, MAX, 4096, SIZE, now_ns);
+                streams.answered(stream);
+                if let Some(plan) = plan {
                     assert!(plan.start >= base && plan.end <= base + (1 << 29));
                     planned[k] += plan.end - plan.start;
                 }
@@ -779,6 +927,102 @@ mod tests {
         // A chance neighbour among the 64 streams may start one window.
         assert!(planned <= 64 * KIB, "read ahead {planned} bytes");
         assert!(streams.streams.len() <= STREAMS_MAX);
+    }
+
+    /// `count` random reads of `length` within the first `region` bytes
+    /// of a volume of `volume` bytes, one every 35 ms from `start_ns`:
+    /// the bytes planned.
+    fn random_reads(
+        streams: &mut Streams,
+        rng: &mut Rng,
+        (region, volume): (u64, u64),
+        count: u64,
+        length: u64,
+        start_ns: u64,
+    ) -> u64 {
+        let mut planned = 0;
+        for i in 0..count {
+            let offset = rng.below(region / length) * length;
+            let now_ns = start_ns + i * 35_000_000;
+            let (stream, plan) = streams.on_read(offset, length, 1 << 30, 4096, volume, now_ns);
+            streams.answered(stream);
+            planned += plan.map_or(0, |p| p.end - p.start);
+        }
+        planned
+    }
+
+    #[test]
+    fn large_random_reads_read_nothing_ahead() {
+        // 4 MiB reads on 4 GiB: one in three lands next to one of the 64
+        // reads tracked, so streams are confirmed by more reads in a row.
+        // On a disk: on flash, random reads beside a stream stop its
+        // read-ahead anyway.
+        let mut streams = Streams::new(true);
+        let mut rng = Rng::new(5);
+        let length = 4 << 20;
+        let planned = random_reads(&mut streams, &mut rng, (4 << 30, 4 << 30), 2000, length, 0);
+        assert!(
+            planned <= 2 * 4 * length,
+            "read ahead {} MiB",
+            planned >> 20
+        );
+    }
+
+    #[test]
+    fn windows_left_unread_make_streams_confirm_by_more_reads() {
+        // Random reads within 4 GiB of a 64 TiB volume land side by side
+        // far more often than the volume's size says.
+        // On a disk: on flash, random reads beside a stream stop its
+        // read-ahead anyway.
+        let mut streams = Streams::new(true);
+        let mut rng = Rng::new(5);
+        let length = 4 << 20;
+        let area = (4 << 30, 1 << 46);
+        assert_eq!(
+            streams.confirm_reads_for(length, area.1),
+            CONFIRM_READS_FIRST
+        );
+        let first = random_reads(&mut streams, &mut rng, area, 200, length, 0);
+        assert!(streams.confirm_reads() > CONFIRM_READS_FIRST);
+        let later = random_reads(&mut streams, &mut rng, area, 2000, length, 200 * 35_000_000);
+        assert!(first > 0, "chance neighbours read ahead at first");
+        // Per read, a quarter as much after the first 200 reads.
+        assert!(
+            later / 2000 <= first / 200 / 4,
+            "then less: {} MiB in 2000 reads after {} MiB in 200",
+            later >> 20,
+            first >> 20
+        );
+    }
+
+    #[test]
+    fn a_stream_after_large_random_reads_reads_ahead_once_confirmed() {
+        // On a disk: on flash, random reads beside a stream stop its
+        // read-ahead anyway.
+        let mut streams = Streams::new(true);
+        let mut rng = Rng::new(5);
+        let length = 4 << 20;
+        let volume = 4 << 30;
+        random_reads(&mut streams, &mut rng, (volume, volume), 300, length, 0);
+        let confirm = streams.confirm_reads_for(length, volume);
+        assert!(confirm > CONFIRM_READS_FIRST);
+        // Once the random reads are over a second old, the stream is the
+        // only reader (on flash it would read nothing ahead beside others).
+        let mut now_ns = 300 * 35_000_000 + 2 * ACTIVE_NS;
+        let mut planned_at = None;
+        for i in 0..64 {
+            now_ns += 30_000_000;
+            let (stream, plan) = streams.on_read(i * length, length, 1 << 30, 4096, volume, now_ns);
+            streams.answered(stream);
+            if plan.is_some() && planned_at.is_none() {
+                planned_at = Some(i + 1);
+            }
+        }
+        assert_eq!(
+            planned_at,
+            Some(confirm),
+            "read ahead once {confirm} reads confirm it"
+        );
     }
 
     #[test]

@@ -185,7 +185,9 @@ fn a_sequential_reader_is_answered_from_read_ahead() {
         assert_eq!(got, pattern[offset as usize..(offset + length) as usize]);
     }
     let counters = store.counters();
-    assert!(counters.hits.load(Ordering::Relaxed) >= 90, "{counters:?}");
+    // On a volume this small any read lands next to one of those
+    // tracked, so 16 reads in a row confirm a stream.
+    assert!(counters.hits.load(Ordering::Relaxed) >= 80, "{counters:?}");
     assert!(
         held.reads.load(Ordering::Relaxed) < 100,
         "fewer, larger reads"
