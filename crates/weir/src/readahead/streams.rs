@@ -44,10 +44,9 @@ const GAP_REQUESTS: u64 = 2;
 /// a stream while read-ahead pays on the volume.
 const CONFIRM_READS_FIRST: u64 = 2;
 /// Confirmation doubles, up to `CONFIRM_READS_FIRST << CONFIRM_SHIFT_MAX`
-/// reads, each time a stream's first window goes unread. Reads of a size
-/// that is a large share of the volume land next to one of the tracked
-/// reads by chance often (1 MiB random reads on 4 GiB: every tenth, 4 MiB:
-/// every other), and each such pair would read a window nobody wants.
+/// reads, each time a stream's first window goes unread: random reads
+/// confined to part of a volume land next to one of the tracked reads by
+/// chance more often than the volume's size says (`confirm_reads_for`).
 const CONFIRM_SHIFT_MAX: u32 = 3;
 /// At most this share of random reads confirms a stream by landing side
 /// by side with others by chance (each such stream reads a first window
