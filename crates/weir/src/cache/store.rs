@@ -507,6 +507,10 @@ impl Store for CachedStore {
         self.inner.promote(offset, length)
     }
 
+    fn read_piece_bytes(&self) -> Option<u64> {
+        self.inner.read_piece_bytes()
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         let dirty = self.map().dirty_ranges(offset, offset + length);
         let inner = self.inner.extents(offset, length, extents_max)?;

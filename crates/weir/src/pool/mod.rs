@@ -53,6 +53,11 @@ pub trait Store: Send + Sync {
     /// A client now waits for the read-ahead submitted over
     /// `[offset, offset + length)`: it is a client read from now on.
     fn promote(&self, _offset: u64, _length: u64) {}
+    /// The length a large client read is best read in, as measured on the
+    /// devices below (`DeviceQueue::read_piece_bytes`); None: whole.
+    fn read_piece_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A volume that is a whole device, exported as is.
@@ -85,6 +90,10 @@ impl Store for SingleDevice {
 
     fn promote(&self, offset: u64, length: u64) {
         self.queue.promote(offset, length)
+    }
+
+    fn read_piece_bytes(&self) -> Option<u64> {
+        self.queue.read_piece_bytes()
     }
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {

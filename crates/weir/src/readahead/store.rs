@@ -684,6 +684,10 @@ impl Store for ReadaheadStore {
         self.inner.promote(offset, length)
     }
 
+    fn read_piece_bytes(&self) -> Option<u64> {
+        self.inner.read_piece_bytes()
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         self.inner.extents(offset, length, extents_max)
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{IoClass, IoQueue, Mode, QueuedIo};
+use super::{IoClass, IoQueue, LinearCost, Mode, QueuedIo};
 use crate::device::buf::AlignedBuf;
 use crate::device::{Completion, Device, DeviceOp, Outcome};
 
@@ -30,6 +30,9 @@ use crate::device::{Completion, Device, DeviceOp, Outcome};
 pub const LATENCY_BUCKETS: usize = 32;
 /// The timer thread looks again at least this often.
 const TIMER_POLL_MAX: Duration = Duration::from_millis(100);
+/// Client reads go in pieces no smaller than this: below it a piece's own
+/// costs (a reply chunk, a completion, a wake-up) outweigh what it overlaps.
+const READ_PIECE_MIN_BYTES: f64 = 64.0 * 1024.0;
 
 /// Counters of one class on one device.
 #[derive(Debug, Default)]
@@ -104,6 +107,13 @@ struct Shared {
     epoch: Instant,
     timer_wake: Condvar,
     stopping: AtomicBool,
+    /// What a read costs the device by its length, from issue to
+    /// completion, timed only while it was the device's one operation:
+    /// beside others its time is theirs too.
+    read_cost: Mutex<LinearCost>,
+    /// Operations in the device now, and ever issued to it.
+    device_in_flight: AtomicU64,
+    device_issued: AtomicU64,
 }
 
 /// The queue in front of one device.
@@ -150,6 +160,9 @@ impl DeviceQueue {
             epoch: Instant::now(),
             timer_wake: Condvar::new(),
             stopping: AtomicBool::new(false),
+            read_cost: Mutex::new(LinearCost::default()),
+            device_in_flight: AtomicU64::new(0),
+            device_issued: AtomicU64::new(0),
         });
         let timer_shared = Arc::clone(&shared);
         let timer = std::thread::Builder::new()
@@ -170,6 +183,22 @@ impl DeviceQueue {
 
     pub fn mode(&self) -> Mode {
         mode_from(self.shared.mode.load(Relaxed))
+    }
+
+    /// The length a large client read is answered in pieces of: where a
+    /// read's transfer takes as long as the device's fixed cost per read
+    /// (a seek, a command), so each piece moves at least half the bytes
+    /// the device could. Until reads of two lengths have been timed, half
+    /// the longest seen: its pieces give the second length. None before
+    /// any read, or on a device whose reads cost nothing per byte.
+    pub fn read_piece_bytes(&self) -> Option<u64> {
+        let cost = self.shared.read_cost.lock();
+        let bytes = match cost.parts() {
+            Some((fixed, per_byte)) if per_byte > 0.0 => fixed / per_byte,
+            Some(_) => return None,
+            None => cost.longest()? / 2.0,
+        };
+        Some((bytes.max(READ_PIECE_MIN_BYTES) as u64) / 4096 * 4096)
     }
 
     /// In adaptive mode, `class`'s floor: its share of device time and its
@@ -218,7 +247,7 @@ impl DeviceQueue {
         let schedulable = matches!(op, DeviceOp::Read { .. } | DeviceOp::Write { .. });
         if self.mode() == Mode::Fifo || !schedulable {
             let shared_done = Arc::clone(shared);
-            shared.device.submit(
+            shared.submit_to_device(
                 op,
                 Box::new(move |outcome| {
                     finish(&shared_done, class, submitted, outcome.result.is_err());
@@ -278,6 +307,28 @@ impl Drop for DeviceQueue {
 impl Shared {
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Send `op` to the device; a read that turns out to have been its
+    /// only operation from issue to completion is timed into `read_cost`.
+    fn submit_to_device(self: &Arc<Self>, op: DeviceOp, done: Completion) {
+        let read_length = matches!(op, DeviceOp::Read { .. }).then(|| op.range().1);
+        let alone = self.device_in_flight.fetch_add(1, Relaxed) == 0;
+        let issue = self.device_issued.fetch_add(1, Relaxed);
+        let issued = Instant::now();
+        let shared = Arc::clone(self);
+        self.device.submit(
+            op,
+            Box::new(move |outcome| {
+                shared.device_in_flight.fetch_sub(1, Relaxed);
+                let none_since = shared.device_issued.load(Relaxed) == issue + 1;
+                if let (Some(length), true, true) = (read_length, alone, none_since) {
+                    let ns = issued.elapsed().as_nanos() as f64;
+                    shared.read_cost.lock().record(length as f64, ns);
+                }
+                done(outcome)
+            }),
+        );
     }
 }
 
@@ -406,7 +457,7 @@ fn issue(shared: &Arc<Shared>, ready: Vec<Ready>) {
                     submitted,
                     ..
                 } = held;
-                shared.device.submit(
+                shared.submit_to_device(
                     op,
                     Box::new(move |outcome| {
                         finish(&shared_done, class, submitted, outcome.result.is_err());
@@ -429,7 +480,7 @@ fn issue(shared: &Arc<Shared>, ready: Vec<Ready>) {
                 class,
             } => {
                 shared.counters[class as usize].pieces.fetch_add(1, Relaxed);
-                shared.device.submit(
+                shared.submit_to_device(
                     op,
                     Box::new(move |outcome| {
                         let (more, finished) = {

@@ -84,6 +84,11 @@ impl LinearCost {
         Some((fixed, per_byte))
     }
 
+    /// The length of the long I/Os, once any has been seen.
+    pub fn longest(&self) -> Option<f64> {
+        self.long.length.get()
+    }
+
     /// The fitted cost of `length` bytes; with one length so far, its
     /// cost scaled by length.
     pub fn cost(&self, length: u64) -> Option<f64> {

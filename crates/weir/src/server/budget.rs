@@ -108,14 +108,25 @@ impl Budget {
         self.used.lock().1 == 0
     }
 
+    /// A request's reply is sent: its bytes and the request come back.
     pub fn release(&self, bytes: u64) {
+        self.give_back(bytes, 1);
+    }
+
+    /// Part of a request's bytes come back (a read answered in pieces);
+    /// the request still holds the rest.
+    pub fn release_bytes(&self, bytes: u64) {
+        self.give_back(bytes, 0);
+    }
+
+    fn give_back(&self, bytes: u64, requests: u32) {
         let mut used = self.used.lock();
         assert!(
-            used.0 >= bytes && used.1 > 0,
+            used.0 >= bytes && used.1 >= requests.max(1),
             "budget released more than acquired"
         );
         used.0 -= bytes;
-        used.1 -= 1;
+        used.1 -= requests;
         drop(used);
         if let Some((shared, source)) = &self.shared {
             if bytes > 0 {

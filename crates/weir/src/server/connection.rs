@@ -34,6 +34,7 @@ use super::outbox::{Body, Outbox, Reply};
 use super::read_buffer::ReadBuffer;
 use super::shared_budget::Source;
 use super::spin_trial::SpinTrial;
+use super::split_read;
 use super::stream::Stream;
 use crate::cache::LocalPauses;
 use crate::device::{AlignedBuf, ThreadRing};
@@ -182,6 +183,12 @@ impl Replier {
     fn on_done(&self, handle: u64, budget_bytes: u64, what: &'static str) -> Done<()> {
         let replier = self.clone();
         Box::new(move |result| replier.send(handle, budget_bytes, result_body(result, what)))
+    }
+}
+
+impl super::split_read::ChunkSink for Replier {
+    fn push(&self, reply: Reply) {
+        self.outbox.push(reply)
     }
 }
 
@@ -392,7 +399,7 @@ fn result_body(result: io::Result<()>, what: &'static str) -> Body {
     }
 }
 
-fn error_body(err: &io::Error, what: &'static str) -> Body {
+pub(super) fn error_body(err: &io::Error, what: &'static str) -> Body {
     let errno = Errno::from_os(err.raw_os_error().unwrap_or(libc::EIO));
     if errno != Errno::NotSup {
         tracing::warn!(error = %err, "{what} failed");
@@ -600,12 +607,25 @@ fn requests<R: Read>(
                 let bytes = u64::from(length);
                 acquire(bytes);
                 let replier = replier.clone();
+                // Only structured replies can answer a read in pieces.
+                let piece = session
+                    .structured_replies
+                    .then(|| volume.read_piece_bytes(length))
+                    .flatten();
+                if let Some(piece) = piece {
+                    split_read::read(volume, replier, handle, offset, length, piece);
+                    continue;
+                }
                 volume.read(
                     offset,
                     length,
                     Box::new(move |result| {
                         let body = match result {
-                            Ok(data) => Body::Read { offset, data },
+                            Ok(data) => Body::Read {
+                                offset,
+                                data,
+                                last: true,
+                            },
                             Err(err) => error_body(&err, "read"),
                         };
                         replier.send(handle, bytes, body)

@@ -19,6 +19,7 @@ mod read_buffer;
 mod shared_budget;
 mod socket;
 mod spin_trial;
+mod split_read;
 pub mod stream;
 pub mod tls;
 mod tls_stream;

@@ -60,6 +60,9 @@ pub enum Body {
     Read {
         offset: u64,
         data: ReadData,
+        /// The reply's last chunk (always, without structured replies:
+        /// only structured replies send a read in pieces).
+        last: bool,
     },
     /// `(length, flags)` extents of `base:allocation`.
     BlockStatus(Vec<(u32, u32)>),
@@ -70,6 +73,13 @@ pub struct Reply {
     pub body: Body,
     /// Budget the request holds, released once the reply is sent.
     pub budget_bytes: u64,
+}
+
+impl Reply {
+    /// The last reply to its request: a read sent in pieces has others.
+    fn ends_request(&self) -> bool {
+        !matches!(self.body, Body::Read { last: false, .. })
+    }
 }
 
 struct Queue {
@@ -398,7 +408,11 @@ impl Outbox {
             return;
         }
         for reply in batch {
-            self.budget.release(reply.budget_bytes);
+            if reply.ends_request() {
+                self.budget.release(reply.budget_bytes);
+            } else {
+                self.budget.release_bytes(reply.budget_bytes);
+            }
         }
         self.released_total.fetch_add(1, Ordering::SeqCst);
         // The reader may be waiting for this budget.
@@ -526,11 +540,11 @@ fn header(reply: &Reply, structured: bool) -> Vec<u8> {
         (Body::Error { errno, .. }, false) => reply::simple(handle, errno.wire()).to_vec(),
         (Body::Error { errno, message }, true) => reply::error_chunk(handle, errno.wire(), message),
         (Body::Read { .. }, false) => reply::simple(handle, 0).to_vec(),
-        (Body::Read { offset, data }, true) if data.hole => {
-            reply::offset_hole(handle, *offset, data.len as u32, true)
+        (Body::Read { offset, data, last }, true) if data.hole => {
+            reply::offset_hole(handle, *offset, data.len as u32, *last)
         }
-        (Body::Read { offset, data }, true) => {
-            reply::offset_data_header(handle, *offset, data.len as u32, true)
+        (Body::Read { offset, data, last }, true) => {
+            reply::offset_data_header(handle, *offset, data.len as u32, *last)
         }
         (Body::BlockStatus(extents), _) => {
             reply::block_status(handle, weir_nbd::consts::BASE_ALLOCATION_ID, extents, true)

@@ -166,6 +166,14 @@ impl Volume {
         );
     }
 
+    /// The pieces a read of `length` bytes is best answered in, if more
+    /// than one: the store's measured piece length, in whole blocks.
+    pub fn read_piece_bytes(&self, length: u32) -> Option<u32> {
+        let block = u64::from(self.store.info().block_bytes.max(1));
+        let piece = self.store.read_piece_bytes()?.next_multiple_of(block);
+        (u64::from(length) >= 2 * piece).then_some(piece as u32)
+    }
+
     /// Write `data` at `offset`; with `fua` it is durable before `done`.
     pub fn write(&self, offset: u64, data: AlignedBuf, fua: bool, done: Done<()>) {
         assert!(

@@ -95,6 +95,16 @@ impl PoolData {
         }
     }
 
+    /// The largest read piece any member's measurements ask for: a piece
+    /// small enough for one copy would cost another its fixed part again.
+    pub(super) fn read_piece_bytes(&self) -> Option<u64> {
+        self.groups
+            .iter()
+            .flat_map(|group| group.slots.iter().filter_map(|slot| slot.attached()))
+            .filter_map(|member| member.queue.read_piece_bytes())
+            .max()
+    }
+
     /// Read and wait, by the path the server would take: for tests.
     #[cfg(any(test, feature = "fuzzing"))]
     pub(super) fn read(

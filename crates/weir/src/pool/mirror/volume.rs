@@ -70,6 +70,10 @@ impl Store for PoolVolume {
         self.pool.promote(self.first_byte + offset, length)
     }
 
+    fn read_piece_bytes(&self) -> Option<u64> {
+        self.pool.read_piece_bytes()
+    }
+
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         let start = offset / DATA_BLOCK_BYTES * DATA_BLOCK_BYTES;
         let end = (offset + length)
