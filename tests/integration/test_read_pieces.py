@@ -14,12 +14,12 @@ from weirtest import Weir
 
 
 class ReadPieces(PoolTest):
-    def serve(self):
+    def serve(self, readahead="off"):
         a, b = self.file("a.img", 256 * MIB), self.file("b.img", 256 * MIB)
         self.weir("create", "tank", "mirror", a, b)
         self.volume("create", "tank/disk", "--size", "96M")
-        # Readahead off: its windows would answer the reads instead.
-        w = Weir("--data-dir", self.data, "--readahead", "off").start()
+        # Readahead off unless asked: its windows would answer the reads.
+        w = Weir("--data-dir", self.data, "--readahead", readahead).start()
         self.addCleanup(w.stop)
         return w
 
@@ -72,6 +72,34 @@ class ReadPieces(PoolTest):
             self.assertEqual(sub, data[offset:offset + len(sub)])
             at += len(sub)
         self.assertEqual(at, 16 * MIB)
+
+    def test_a_stream_read_in_pieces_with_readahead_sees_every_overwrite(self):
+        w = self.serve(readahead="on")
+        h = self.connect(w, True)
+        data = bytearray(os.urandom(64 * MIB))
+        for at in range(0, len(data), 8 * MIB):
+            h.pwrite(bytes(data[at:at + 8 * MIB]), at)
+        h.flush()
+        # Teach the devices' costs, then stream through the volume twice;
+        # between reads a second connection overwrites what lies ahead,
+        # which read-ahead may already hold.
+        for _ in range(4):
+            h.pread(8 * MIB, 0)
+            h.pread(MIB, 0)
+        other = self.connect(w, True)
+        step = 4 * MIB
+        for rewrite in range(2):
+            for at in range(0, len(data), step):
+                self.assertEqual(h.pread(step, at), bytes(data[at:at + step]),
+                                 f"pass {rewrite}: read {step} at {at}")
+                ahead = (at + step + 3 * 4096 * (rewrite + 1)) % len(data)
+                patch = os.urandom(64 * 1024)
+                if ahead + len(patch) <= len(data):
+                    other.pwrite(patch, ahead)
+                    data[ahead:ahead + len(patch)] = patch
+        for at in range(0, len(data), 16 * MIB):
+            self.assertEqual(h.pread(16 * MIB, at), bytes(data[at:at + 16 * MIB]))
+
 
 if __name__ == "__main__":
     unittest.main()

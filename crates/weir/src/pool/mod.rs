@@ -29,8 +29,14 @@ pub mod volumes;
 
 use std::io;
 
-use crate::device::{Completion, DeviceOp, Extent};
+use std::sync::Arc;
+
+use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
 use crate::sched::{DeviceQueue, IoClass};
+
+/// Called once per piece of a read answered in pieces, with the piece's
+/// offset and length: together the pieces cover the read once each.
+pub type PieceDone = Arc<dyn Fn(u64, u64, Outcome) + Send + Sync>;
 
 /// What a volume needs to know about the storage beneath it.
 #[derive(Clone, Debug)]
@@ -57,6 +63,38 @@ pub trait Store: Send + Sync {
     /// devices below (`DeviceQueue::read_piece_bytes`); None: whole.
     fn read_piece_bytes(&self) -> Option<u64> {
         None
+    }
+    /// A client read of `[offset, offset + length)`, answered in pieces as
+    /// they land: at most `piece_bytes` each (a multiple of the block),
+    /// or fewer and larger where a store holds the range already.
+    fn read_in_pieces(&self, offset: u64, length: u64, piece_bytes: u64, landed: PieceDone) {
+        read_each_piece(self, offset, length, piece_bytes, landed)
+    }
+}
+
+/// Each piece of `[offset, offset + length)` as its own client read.
+pub fn read_each_piece<S: Store + ?Sized>(
+    store: &S,
+    offset: u64,
+    length: u64,
+    piece_bytes: u64,
+    landed: PieceDone,
+) {
+    assert!(piece_bytes > 0, "pieces have a size");
+    let end = offset + length;
+    let mut at = offset;
+    while at < end {
+        let len = piece_bytes.min(end - at);
+        let landed = Arc::clone(&landed);
+        store.submit(
+            IoClass::SyncRead,
+            DeviceOp::Read {
+                offset: at,
+                buf: AlignedBuf::new(len as usize),
+            },
+            Box::new(move |outcome| landed(at, len, outcome)),
+        );
+        at += len;
     }
 }
 

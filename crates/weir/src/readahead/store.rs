@@ -18,7 +18,7 @@ use super::streams::{Plan, Streams};
 use super::ReadaheadBudget;
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
 use crate::metrics::ReadaheadReport;
-use crate::pool::{Store, StoreInfo};
+use crate::pool::{PieceDone, Store, StoreInfo};
 use crate::sched::IoClass;
 
 /// On flash, read-ahead goes in reads of this many client requests.
@@ -63,6 +63,56 @@ struct Fetch {
     /// Sent as a client read, or promoted to one since.
     urgent: bool,
     waiting: Vec<Waiting>,
+}
+
+/// How a client read is answered.
+enum Answer {
+    /// Whole, in the caller's buffer.
+    Whole(AlignedBuf, Completion),
+    /// In pieces of at most `piece_bytes` where the store reads it; whole
+    /// where held data or a read-ahead in flight has it.
+    Pieces { piece_bytes: u64, landed: PieceDone },
+}
+
+impl Answer {
+    /// The same answer, telling `stream` first once the whole read is.
+    fn then_answered(self, me: Arc<ReadaheadStore>, stream: u64, length: u64) -> Answer {
+        match self {
+            Answer::Whole(buf, client) => Answer::Whole(
+                buf,
+                Box::new(move |outcome| {
+                    me.state().streams.answered(stream);
+                    client(outcome);
+                }),
+            ),
+            Answer::Pieces {
+                piece_bytes,
+                landed,
+            } => {
+                let left = AtomicU64::new(length);
+                Answer::Pieces {
+                    piece_bytes,
+                    landed: Arc::new(move |offset, bytes, outcome| {
+                        if left.fetch_sub(bytes, Ordering::AcqRel) == bytes {
+                            me.state().streams.answered(stream);
+                        }
+                        landed(offset, bytes, outcome);
+                    }),
+                }
+            }
+        }
+    }
+
+    /// One buffer for the whole read, and what answers with it.
+    fn whole(self, offset: u64, length: u64) -> (AlignedBuf, Completion) {
+        match self {
+            Answer::Whole(buf, done) => (buf, done),
+            Answer::Pieces { landed, .. } => (
+                AlignedBuf::new(length as usize),
+                Box::new(move |outcome| landed(offset, length, outcome)),
+            ),
+        }
+    }
 }
 
 struct WriteInFlight {
@@ -178,10 +228,9 @@ impl State {
         }
     }
 
-    /// Copy `[offset, offset + buf.len())` from held segments if they
-    /// cover all of it.
-    fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
-        let end = offset + buf.len() as u64;
+    /// The starts of the held segments that together cover
+    /// `[offset, end)`, in order, if they do.
+    fn covering(&self, offset: u64, end: u64) -> Option<Vec<u64>> {
         let mut at = offset;
         let mut pieces = Vec::new();
         for (&start, segment) in self.segments.range(..end).rev() {
@@ -193,13 +242,20 @@ impl State {
         pieces.reverse();
         for &start in &pieces {
             if start > at {
-                return false;
+                return None;
             }
             at = at.max(self.segments[&start].end);
         }
-        if at < end {
+        (at >= end).then_some(pieces)
+    }
+
+    /// Copy `[offset, offset + buf.len())` from held segments if they
+    /// cover all of it.
+    fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
+        let end = offset + buf.len() as u64;
+        let Some(pieces) = self.covering(offset, end) else {
             return false;
-        }
+        };
         self.clock += 1;
         let out = buf.as_mut_slice();
         for start in pieces {
@@ -370,67 +426,68 @@ impl ReadaheadStore {
         self.state.lock().expect("readahead state lock")
     }
 
-    fn client_read(&self, offset: u64, mut buf: AlignedBuf, client: Completion) {
-        let length = buf.len() as u64;
+    /// A client read of `[offset, offset + length)`: it feeds `streams`
+    /// once however it is answered, and is answered from held data, from
+    /// a read-ahead in flight that covers it, or else by the store.
+    fn client_read(&self, offset: u64, length: u64, answer: Answer) {
         let info = self.inner.info();
-        let (read_ahead, answered, done) = {
-            let mut state = self.state();
-            // The whole bound: volumes that read ahead at once compete
-            // for it, each making room from its own segments (`make_room`).
-            let memory = self.budget.limit_bytes();
-            let now_ns = (self.clock)();
-            let (stream, plan) = state.streams.on_read(
-                offset,
-                length,
-                memory,
-                u64::from(info.block_bytes),
-                info.size_bytes,
-                now_ns,
-            );
-            let me = self.me.upgrade().expect("a store reads while it lives");
-            let done: Completion = Box::new(move |outcome| {
-                me.state().streams.answered(stream);
-                client(outcome);
-            });
-            let piece_bytes = if info.rotational {
-                u64::MAX
-            } else {
-                PIECE_REQUESTS * length.max(u64::from(info.block_bytes))
-            };
-            let read_ahead = plan.map_or_else(Vec::new, |plan| {
-                let pieces = self.register(&mut state, plan, piece_bytes);
-                state.gate(pieces, info.rotational, now_ns)
-            });
-            let end = offset + length;
-            let answered = if state.take_from_segments(offset, &mut buf) {
-                state.streams.held_read(stream);
-                Ok(buf)
-            } else if let Some(fetch) = state
-                .fetches
-                .values_mut()
-                .find(|f| !f.stale && f.start <= offset && end <= f.end)
-            {
-                fetch.waiting.push(Waiting { offset, buf, done });
-                let promote = (!fetch.urgent).then(|| {
-                    fetch.urgent = true;
-                    (fetch.start, fetch.end - fetch.start)
-                });
-                drop(state);
-                if let Some((start, length)) = promote {
-                    self.inner.promote(start, length);
-                }
-                self.counters.hits.fetch_add(1, Ordering::Relaxed);
-                for piece in read_ahead {
-                    self.fetch(piece);
-                }
-                return;
-            } else {
-                Err(buf)
-            };
-            (read_ahead, answered, done)
+        let me = self.me.upgrade().expect("a store reads while it lives");
+        let end = offset + length;
+        let mut state = self.state();
+        // The whole bound: volumes that read ahead at once compete for it,
+        // each making room from its own segments (`make_room`).
+        let memory = self.budget.limit_bytes();
+        let now_ns = (self.clock)();
+        let (stream, plan) = state.streams.on_read(
+            offset,
+            length,
+            memory,
+            u64::from(info.block_bytes),
+            info.size_bytes,
+            now_ns,
+        );
+        let answer = answer.then_answered(me, stream, length);
+        let piece_bytes = if info.rotational {
+            u64::MAX
+        } else {
+            PIECE_REQUESTS * length.max(u64::from(info.block_bytes))
         };
+        let read_ahead = plan.map_or_else(Vec::new, |plan| {
+            let pieces = self.register(&mut state, plan, piece_bytes);
+            state.gate(pieces, info.rotational, now_ns)
+        });
+        let answered = if state.covering(offset, end).is_some() {
+            let (mut buf, done) = answer.whole(offset, length);
+            let held = state.take_from_segments(offset, &mut buf);
+            debug_assert!(held, "covered above");
+            state.streams.held_read(stream);
+            Ok((buf, done))
+        } else if let Some(fetch) = state
+            .fetches
+            .values_mut()
+            .find(|f| !f.stale && f.start <= offset && end <= f.end)
+        {
+            let (buf, done) = answer.whole(offset, length);
+            fetch.waiting.push(Waiting { offset, buf, done });
+            let promote = (!fetch.urgent).then(|| {
+                fetch.urgent = true;
+                (fetch.start, fetch.end - fetch.start)
+            });
+            drop(state);
+            if let Some((start, length)) = promote {
+                self.inner.promote(start, length);
+            }
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            for piece in read_ahead {
+                self.fetch(piece);
+            }
+            return;
+        } else {
+            Err(answer)
+        };
+        drop(state);
         match answered {
-            Ok(buf) => {
+            Ok((buf, done)) => {
                 self.counters.hits.fetch_add(1, Ordering::Relaxed);
                 done(Outcome {
                     result: Ok(()),
@@ -438,10 +495,18 @@ impl ReadaheadStore {
                     hole: false,
                 });
             }
-            Err(buf) => {
+            Err(Answer::Whole(buf, done)) => {
                 self.counters.misses.fetch_add(1, Ordering::Relaxed);
                 self.inner
                     .submit(IoClass::SyncRead, DeviceOp::Read { offset, buf }, done);
+            }
+            Err(Answer::Pieces {
+                piece_bytes,
+                landed,
+            }) => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .read_in_pieces(offset, length, piece_bytes, landed);
             }
         }
         for piece in read_ahead {
@@ -671,7 +736,7 @@ impl Store for ReadaheadStore {
     fn submit(&self, class: IoClass, op: DeviceOp, done: Completion) {
         match op {
             DeviceOp::Read { offset, buf } if class == IoClass::SyncRead => {
-                self.client_read(offset, buf, done)
+                self.client_read(offset, buf.len() as u64, Answer::Whole(buf, done))
             }
             DeviceOp::Write { .. } | DeviceOp::Discard { .. } | DeviceOp::WriteZeroes { .. } => {
                 self.changing(class, op, done)
@@ -686,6 +751,20 @@ impl Store for ReadaheadStore {
 
     fn read_piece_bytes(&self) -> Option<u64> {
         self.inner.read_piece_bytes()
+    }
+
+    /// One client read to `streams`, however many pieces answer it: read
+    /// as several reads in flight, a stream's pieces would look like a
+    /// client that keeps reads queued, which gets no read-ahead.
+    fn read_in_pieces(&self, offset: u64, length: u64, piece_bytes: u64, landed: PieceDone) {
+        self.client_read(
+            offset,
+            length,
+            Answer::Pieces {
+                piece_bytes,
+                landed,
+            },
+        )
     }
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {

@@ -29,7 +29,7 @@ pub trait ChunkSink: Send + Sync {
 }
 
 struct Progress {
-    pieces_left: u32,
+    bytes_left: u64,
     /// The first error, and the budget of the pieces that failed.
     failed: Option<(io::Error, u64)>,
 }
@@ -40,22 +40,9 @@ struct SplitRead<S> {
     progress: Mutex<Progress>,
 }
 
-/// `[offset, offset + length)` in pieces of `piece_bytes` (the last one
-/// shorter); each piece's chunk carries its bytes of the request's budget.
-pub fn pieces(offset: u64, length: u32, piece_bytes: u32) -> Vec<(u64, u32)> {
-    assert!(piece_bytes > 0, "pieces have a size");
-    let mut out = Vec::with_capacity(length.div_ceil(piece_bytes) as usize);
-    let mut at = 0;
-    while at < length {
-        let len = piece_bytes.min(length - at);
-        out.push((offset + u64::from(at), len));
-        at += len;
-    }
-    out
-}
-
-/// Read `[offset, offset + length)` in pieces of `piece_bytes`; the
-/// request's budget (`length` bytes) is released chunk by chunk.
+/// Read `[offset, offset + length)` in pieces of at most `piece_bytes`
+/// (fewer where the volume holds the range already); the request's budget
+/// (`length` bytes) is released chunk by chunk.
 pub fn read<S: ChunkSink + 'static>(
     volume: &Volume,
     sink: S,
@@ -64,30 +51,28 @@ pub fn read<S: ChunkSink + 'static>(
     length: u32,
     piece_bytes: u32,
 ) {
-    let parts = pieces(offset, length, piece_bytes);
     let split = Arc::new(SplitRead {
         sink,
         handle,
         progress: Mutex::new(Progress {
-            pieces_left: parts.len() as u32,
+            bytes_left: u64::from(length),
             failed: None,
         }),
     });
-    for (at, len) in parts {
-        let split = Arc::clone(&split);
-        volume.read(
-            at,
-            len,
-            Box::new(move |result| split.landed(at, u64::from(len), result)),
-        );
-    }
+    volume.read_in_pieces(
+        offset,
+        length,
+        piece_bytes,
+        Arc::new(move |at, bytes, result| split.landed(at, bytes, result)),
+    );
 }
 
 impl<S: ChunkSink> SplitRead<S> {
+    /// `bytes` of the read from `offset` on landed.
     fn landed(&self, offset: u64, bytes: u64, result: io::Result<ReadData>) {
         let mut progress = self.progress.lock();
-        progress.pieces_left -= 1;
-        let last = progress.pieces_left == 0;
+        progress.bytes_left -= bytes;
+        let last = progress.bytes_left == 0;
         match result {
             Ok(data) => {
                 let data_is_last = last && progress.failed.is_none();
@@ -133,12 +118,12 @@ mod tests {
         }
     }
 
-    fn split(pieces: u32, sink: &Sink) -> SplitRead<Sink> {
+    fn split(pieces: u64, sink: &Sink) -> SplitRead<Sink> {
         SplitRead {
             sink: sink.clone(),
             handle: 7,
             progress: Mutex::new(Progress {
-                pieces_left: pieces,
+                bytes_left: pieces * 4096,
                 failed: None,
             }),
         }
@@ -164,15 +149,6 @@ mod tests {
                 _ => panic!("only read chunks and errors"),
             })
             .collect()
-    }
-
-    #[test]
-    fn pieces_cover_the_read_exactly() {
-        assert_eq!(
-            pieces(4096, 10 << 10, 4 << 10),
-            vec![(4096, 4096), (8192, 4096), (12288, 2048)]
-        );
-        assert_eq!(pieces(0, 8192, 4096).len(), 2);
     }
 
     #[test]

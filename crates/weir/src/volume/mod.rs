@@ -28,6 +28,9 @@ use crate::range_lock::RangeLocks;
 use crate::sched::IoClass;
 
 pub type Done<T> = Box<dyn FnOnce(io::Result<T>) + Send>;
+/// Called once per piece of a read answered in pieces: the piece's offset
+/// and length within the read, and its data.
+pub type ReadPieceDone = Arc<dyn Fn(u64, u64, io::Result<ReadData>) + Send + Sync>;
 
 /// Size of each plain write used when a store cannot zero a range itself.
 const ZERO_WRITE_BYTES: u64 = 1 << 20;
@@ -172,6 +175,37 @@ impl Volume {
         let block = u64::from(self.store.info().block_bytes.max(1));
         let piece = self.store.read_piece_bytes()?.next_multiple_of(block);
         (u64::from(length) >= 2 * piece).then_some(piece as u32)
+    }
+
+    /// Read `[offset, offset + length)` in pieces of at most `piece_bytes`
+    /// (a multiple of the block), each answered as it lands with the part
+    /// of the read it holds: `landed(offset, length, data)`.
+    pub fn read_in_pieces(
+        &self,
+        offset: u64,
+        length: u32,
+        piece_bytes: u32,
+        landed: ReadPieceDone,
+    ) {
+        let (start, end) = self.widen(offset, u64::from(length));
+        let read_end = offset + u64::from(length);
+        self.store.read_in_pieces(
+            start,
+            end - start,
+            u64::from(piece_bytes),
+            Arc::new(move |at, bytes, outcome| {
+                // The client's part of this piece: the widened edges are not.
+                let from = offset.max(at);
+                let to = read_end.min(at + bytes);
+                let data = outcome.result.map(|()| ReadData {
+                    buf: outcome.buf.expect("reads return their buffer"),
+                    start: (from - at) as usize,
+                    len: (to - from) as usize,
+                    hole: outcome.hole,
+                });
+                landed(from, to - from, data)
+            }),
+        );
     }
 
     /// Write `data` at `offset`; with `fua` it is durable before `done`.
