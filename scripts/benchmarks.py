@@ -249,7 +249,7 @@ writer at QD8 on the same export: the reader's p99 beside the writer over its
 p99 alone, and the writer's throughput."""))
     parts.append(section(os.path.join(RESULTS, "readahead.md"), "Readahead off and on",
                          """One weir serves a 4 GiB HDD, SATA SSD or NVMe model in real time, once with
-`--readahead off` (the default) and once with `--readahead on`. fio's nbd
+`--readahead off` and once with `--readahead on` (the default). fio's nbd
 engine runs random and sequential readers on it; a libnbd client runs two
 64 KiB QD1 sequential streams, each sending its requests round-robin over four
 connections. Last, `weir bench run --uri` drives one such stream beside a
@@ -263,6 +263,16 @@ table judge the streams against the mean of both halves' sequential rates
 (1 MiB QD8 from the start and from the middle, readahead off), as the
 virtual-time scenario does. The same readers and more, in virtual time where
 a run repeats exactly: `weir bench readahead` in [scenarios.md](scenarios.md)."""))
+    parts.append(section(os.path.join(RESULTS, "read-pieces-matrix.md"), "Large reads whole and in pieces",
+                         """With structured replies weir reads a large request in pieces and sends each
+as a chunk as it lands ([architecture.md](architecture.md)). The matrix runs
+fio's nbd engine against two builds on the same device, one that answers
+every read whole and this one, each cell on a fresh server of each: random
+and sequential readers at QD1 and QD8, 128 KiB to 4 MiB, on the device
+models and a file. It needs the other build, so `scripts/benchmarks.py`
+does not run it: build a weir from before reads went in pieces and run
+`bench/read_pieces_matrix.py PATH-TO-THAT-WEIR 3 > bench/results/read-pieces-matrix.md`.
+Identical runs move a cell by 10-15% here."""))
     parts.append(section(os.path.join(RESULTS, "rbd.md"), "Ceph RBD: weir vs qemu-storage-daemon",
                          """A single-node Ceph cluster (`scripts/ceph-cluster.sh`: one monitor, one
 manager, three OSDs with BlueStore on files, pool `rbd` with two copies) on
