@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use weir_nbd::consts::FLAG_READ_ONLY;
 use weir_nbd::consts::{REQUEST_HEADER_BYTES, STATE_HOLE, STATE_ZERO};
 use weir_nbd::{
-    Command, Errno, Handshake, Negotiated, Progress, RequestHeader, Session, TlsMode, Verdict,
+    Command, Handshake, Negotiated, Progress, RequestHeader, Session, TlsMode, Verdict,
 };
 
 use super::access::Client;
@@ -395,18 +395,7 @@ impl Read for SocketReader<'_> {
 fn result_body(result: io::Result<()>, what: &'static str) -> Body {
     match result {
         Ok(()) => Body::Ok,
-        Err(err) => error_body(&err, what),
-    }
-}
-
-pub(super) fn error_body(err: &io::Error, what: &'static str) -> Body {
-    let errno = Errno::from_os(err.raw_os_error().unwrap_or(libc::EIO));
-    if errno != Errno::NotSup {
-        tracing::warn!(error = %err, "{what} failed");
-    }
-    Body::Error {
-        errno,
-        message: format!("{what}: {err}"),
+        Err(err) => Body::failed(&err, what),
     }
 }
 
@@ -626,7 +615,7 @@ fn requests<R: Read>(
                                 data,
                                 last: true,
                             },
-                            Err(err) => error_body(&err, "read"),
+                            Err(err) => Body::failed(&err, "read"),
                         };
                         replier.send(handle, bytes, body)
                     }),
@@ -683,7 +672,7 @@ fn requests<R: Read>(
                 let extents_max = if one_extent { 1 } else { EXTENTS_PER_REPLY_MAX };
                 let body = match volume.extents(offset, length, extents_max) {
                     Ok(extents) => Body::BlockStatus(status_extents(&extents, length)),
-                    Err(err) => error_body(&err, "block status"),
+                    Err(err) => Body::failed(&err, "block status"),
                 };
                 replier.send(handle, 0, body);
             }

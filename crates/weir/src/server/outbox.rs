@@ -68,6 +68,21 @@ pub enum Body {
     BlockStatus(Vec<(u32, u32)>),
 }
 
+impl Body {
+    /// The error reply to a `what` that failed with `err`, logged unless
+    /// it is only unsupported.
+    pub fn failed(err: &io::Error, what: &'static str) -> Body {
+        let errno = Errno::from_os(err.raw_os_error().unwrap_or(libc::EIO));
+        if errno != Errno::NotSup {
+            tracing::warn!(error = %err, "{what} failed");
+        }
+        Body::Error {
+            errno,
+            message: format!("{what}: {err}"),
+        }
+    }
+}
+
 pub struct Reply {
     pub handle: u64,
     pub body: Body,

@@ -96,7 +96,7 @@ impl<S: ChunkSink> SplitRead<S> {
                 // One ERROR chunk, last: the client fails the whole read.
                 self.sink.push(Reply {
                     handle: self.handle,
-                    body: super::connection::error_body(&err, "read"),
+                    body: Body::failed(&err, "read"),
                     budget_bytes: failed_bytes,
                 });
             }
