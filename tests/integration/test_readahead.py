@@ -87,6 +87,32 @@ class Readahead(PoolTest):
         self.assertIsNotNone(hits, "readahead counters in /metrics")
         self.assertGreater(int(hits.group(1)), reads * 9 // 10, "nearly every read answered from read-ahead")
 
+    def test_a_cache_hint_reads_the_range_ahead(self):
+        w = self.serve()
+        h = self.connections(w, 1)[0]
+        data = os.urandom(8 * MIB)
+        h.pwrite(data, 0)
+        h.flush()
+
+        def hits():
+            found = re.search(r'^weir_volume_readahead_hits_total\{volume="tank/disk"\} (\d+)$',
+                              self.metrics(), re.M)
+            return int(found.group(1))
+
+        before_async, before_hits = async_reads(self.metrics()), hits()
+        h.cache(MIB, 4 * MIB)
+        # Random reads inside the hinted range, none a stream: each is
+        # answered from the prefetch, or waits for it.
+        offsets = [4 * MIB + k * REQUEST for k in (9, 2, 13, 0, 6)]
+        for offset in offsets:
+            self.assertEqual(h.pread(REQUEST, offset), data[offset:offset + REQUEST])
+        self.assertGreater(async_reads(self.metrics()) - before_async, 0, "the hint was read ahead")
+        self.assertEqual(hits() - before_hits, len(offsets), "every read found it")
+        # A write inside the range after the hint is read back, not the prefetch.
+        patch = os.urandom(8192)
+        h.pwrite(patch, 4 * MIB + 3 * REQUEST)
+        self.assertEqual(h.pread(REQUEST, 4 * MIB + 3 * REQUEST), patch + data[4 * MIB + 3 * REQUEST + 8192:4 * MIB + 4 * REQUEST])
+
     def read_a_written_stream(self, w):
         """Write 16 MiB, then read it back in order at QD1: reads of
         unwritten data would need no device at all."""

@@ -59,6 +59,9 @@ pub trait Store: Send + Sync {
     /// A client now waits for the read-ahead submitted over
     /// `[offset, offset + length)`: it is a client read from now on.
     fn promote(&self, _offset: u64, _length: u64) {}
+    /// A client says it will read `[offset, offset + length)` soon
+    /// (NBD_CMD_CACHE): a store that holds reads may read it now.
+    fn prefetch(&self, _offset: u64, _length: u64) {}
     /// The length a large client read is best read in, as measured on the
     /// devices below (`DeviceQueue::read_piece_bytes`); None: whole.
     fn read_piece_bytes(&self) -> Option<u64> {

@@ -23,6 +23,12 @@ use crate::sched::IoClass;
 
 /// On flash, read-ahead goes in reads of this many client requests.
 const PIECE_REQUESTS: u64 = 4;
+/// A prefetch (NBD_CMD_CACHE) takes at most this share of the read-ahead
+/// memory, as one stream's window does beside other readers: a client's
+/// hint may not push out what the streams read ahead.
+const PREFETCH_MEMORY_SHARE: u64 = 8;
+/// The stream that prefetched data belongs to: none that reads.
+const PREFETCH_STREAM: u64 = u64::MAX;
 
 /// Read-ahead counts for reports.
 #[derive(Debug, Default)]
@@ -514,6 +520,41 @@ impl ReadaheadStore {
         }
     }
 
+    /// Read `[offset, offset + length)` ahead, up to the prefetch share of
+    /// the memory, unless it is held or being read already. It goes in
+    /// the async-read class, as read-ahead does, in reads of at most the
+    /// share: a client read that comes for it waits as for a read-ahead.
+    fn prefetch_range(&self, offset: u64, length: u64) {
+        let block = u64::from(self.inner.info().block_bytes).max(1);
+        let share = self.budget.limit_bytes() / PREFETCH_MEMORY_SHARE;
+        let length = length.min(share) / block * block;
+        if length == 0 {
+            return;
+        }
+        let end = offset + length;
+        let pieces = {
+            let mut state = self.state();
+            let busy = state.covering(offset, end).is_some()
+                || state
+                    .fetches
+                    .values()
+                    .any(|f| !f.stale && f.start <= offset && end <= f.end);
+            if busy {
+                return;
+            }
+            let plan = Plan {
+                stream: PREFETCH_STREAM,
+                start: offset,
+                end,
+                urgent: false,
+            };
+            self.register(&mut state, plan, u64::MAX)
+        };
+        for piece in pieces {
+            self.fetch(piece);
+        }
+    }
+
     /// Note a planned read-ahead as in flight: on a disk as one device
     /// read, which it serves with one seek, where several reads of one
     /// window sent together were reordered (a rotation lost per read) and
@@ -747,6 +788,10 @@ impl Store for ReadaheadStore {
 
     fn promote(&self, offset: u64, length: u64) {
         self.inner.promote(offset, length)
+    }
+
+    fn prefetch(&self, offset: u64, length: u64) {
+        self.prefetch_range(offset, length)
     }
 
     fn read_piece_bytes(&self) -> Option<u64> {

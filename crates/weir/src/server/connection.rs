@@ -658,9 +658,12 @@ fn requests<R: Read>(
                 let done = replier.on_done(handle, 0, "write zeroes");
                 volume.write_zeroes(offset, length, fua, may_trim, fast_only, done);
             }
-            Command::Cache { .. } => {
-                // A hint to prefetch: weir caches writes, not reads, so there is nothing to fill.
+            Command::Cache { offset, length } => {
+                // A hint: read-ahead reads the range in the background, and
+                // the reply does not wait for it (the spec lets a server
+                // ignore the hint altogether).
                 acquire(0);
+                volume.prefetch(offset, u64::from(length));
                 replier.send(handle, 0, Body::Ok);
             }
             Command::BlockStatus {

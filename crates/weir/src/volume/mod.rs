@@ -177,6 +177,13 @@ impl Volume {
         (u64::from(length) >= 2 * piece).then_some(piece as u32)
     }
 
+    /// The client will read `[offset, offset + length)` soon: a volume that
+    /// reads ahead may read it now (NBD_CMD_CACHE). Nothing waits for it.
+    pub fn prefetch(&self, offset: u64, length: u64) {
+        let (start, end) = self.widen(offset, length);
+        self.store.prefetch(start, end - start);
+    }
+
     /// Read `[offset, offset + length)` in pieces of at most `piece_bytes`
     /// (a multiple of the block), each answered as it lands with the part
     /// of the read it holds: `landed(offset, length, data)`.

@@ -294,6 +294,12 @@ fn reads_never_return_bytes_older_than_an_answered_write() {
                     let at = (first * BLOCK) as usize;
                     reference[at..at + bytes.len()].copy_from_slice(&bytes);
                 }
+                _ if rng.below(2) == 0 => {
+                    // A client's hint: read ahead in the background.
+                    let count = 1 + rng.below(128);
+                    let first = rng.below(blocks - count);
+                    store.prefetch(first * BLOCK, count * BLOCK);
+                }
                 _ => {
                     let count = 1 + rng.below(64);
                     let first = rng.below(blocks - count);
@@ -504,4 +510,45 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
         .find_map(|j| read(&mut state, j, 400 + j))
         .expect("it reads ahead again");
     assert_eq!(next.start, dropped.start);
+}
+
+#[test]
+fn a_prefetched_range_is_read_once_in_the_background_and_dropped_by_a_write() {
+    let held = HeldStore::new();
+    let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(8 << 20)));
+    let mut rng = Rng::new(3);
+    let pattern: Vec<u8> = (0..SIZE)
+        .map(|i| (i / 4096) as u8 ^ (i as u8 >> 1))
+        .collect();
+    write(&store, 0, &pattern);
+    store.prefetch(1 << 20, 512 << 10);
+    assert_eq!(
+        *held.in_device.lock().unwrap(),
+        vec![(1 << 20, 512 << 10, IoClass::AsyncRead)],
+        "one background read of the range"
+    );
+    // Asked again while it is in flight: nothing more is read.
+    store.prefetch(1 << 20, 256 << 10);
+    assert_eq!(held.reads.load(Ordering::Relaxed), 1);
+    while held.release_one(&mut rng) {}
+    for at in [1 << 20, (1 << 20) + (128 << 10), (1 << 20) + (448 << 10)] {
+        let got = read(&store, &held, &mut rng, at, 64 << 10);
+        assert_eq!(got, pattern[at as usize..at as usize + (64 << 10)]);
+    }
+    assert_eq!(
+        held.reads.load(Ordering::Relaxed),
+        1,
+        "the reads found it held"
+    );
+    // A write drops what it overlaps: the next read goes to the store.
+    let new = vec![0xa5u8; 4096];
+    write(&store, (1 << 20) + 8192, &new);
+    let got = read(&store, &held, &mut rng, 1 << 20, 16 << 10);
+    assert_eq!(&got[8192..12288], &new[..]);
+    assert_eq!(held.reads.load(Ordering::Relaxed), 2);
+    // A hint larger than its share of the memory is cut to the share.
+    store.prefetch(4 << 20, 4 << 20);
+    let longest = held.in_device.lock().unwrap().iter().map(|e| e.1).max();
+    assert_eq!(longest, Some(1 << 20), "an eighth of 8 MiB");
+    while held.release_one(&mut rng) {}
 }
