@@ -75,7 +75,9 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Each piece of `[offset, offset + length)` as its own client read.
+/// Each piece of `[offset, offset + length)` as its own client read. Pieces
+/// start at multiples of `piece_bytes`, so a store whose own units divide it
+/// (a pool's stripe chunks) never reads one unit for two pieces.
 pub fn read_each_piece<S: Store + ?Sized>(
     store: &S,
     offset: u64,
@@ -87,7 +89,7 @@ pub fn read_each_piece<S: Store + ?Sized>(
     let end = offset + length;
     let mut at = offset;
     while at < end {
-        let len = piece_bytes.min(end - at);
+        let len = (piece_bytes - at % piece_bytes).min(end - at);
         let landed = Arc::clone(&landed);
         store.submit(
             IoClass::SyncRead,
@@ -139,5 +141,37 @@ impl Store for SingleDevice {
 
     fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
         self.queue.device().extents(offset, length, extents_max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::device::mem::MemDevice;
+
+    #[test]
+    fn pieces_start_at_multiples_of_their_length_and_cover_the_read_once() {
+        let store = SingleDevice::new(DeviceQueue::new(Arc::new(MemDevice::new(8 << 20))));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let landed: PieceDone = Arc::new(move |offset, length, outcome| {
+            outcome.result.expect("read");
+            assert_eq!(outcome.buf.expect("data").len() as u64, length);
+            log.lock().unwrap().push((offset, length));
+        });
+        store.read_in_pieces(12 << 10, 3 << 20, 1 << 20, landed);
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            vec![
+                (12 << 10, (1 << 20) - (12 << 10)),
+                (1 << 20, 1 << 20),
+                (2 << 20, 1 << 20),
+                (3 << 20, 12 << 10)
+            ]
+        );
     }
 }

@@ -95,14 +95,17 @@ impl PoolData {
         }
     }
 
-    /// The largest read piece any member's measurements ask for: a piece
-    /// small enough for one copy would cost another its fixed part again.
+    /// The largest read piece any member's measurements ask for (a piece
+    /// small enough for one copy would cost another its fixed part again),
+    /// in whole stripe chunks: pieces start at multiples of their length
+    /// (`pool::read_each_piece`), so no two pieces read the same chunk.
     pub(super) fn read_piece_bytes(&self) -> Option<u64> {
         self.groups
             .iter()
             .flat_map(|group| group.slots.iter().filter_map(|slot| slot.attached()))
             .filter_map(|member| member.queue.read_piece_bytes())
             .max()
+            .map(|bytes| bytes.next_multiple_of(CHUNK_BYTES))
     }
 
     /// Read and wait, by the path the server would take: for tests.
