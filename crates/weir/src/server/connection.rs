@@ -186,7 +186,7 @@ impl Replier {
     }
 }
 
-impl super::split_read::ChunkSink for Replier {
+impl split_read::ChunkSink for Replier {
     fn push(&self, reply: Reply) {
         self.outbox.push(reply)
     }
