@@ -205,6 +205,64 @@ impl Die {
     }
 }
 
+/// The host link's booked transfers: `[start, end)` in time order, and
+/// whether each is large (over `LINK_FRAME_BYTES`, so it moves in frames
+/// that small transfers can go between).
+#[derive(Clone, Debug, Default)]
+struct Link {
+    busy: VecDeque<(Nanos, Nanos, bool)>,
+}
+
+impl Link {
+    /// Forget transfers that ended by `now`, the current command's time
+    /// (see `Die::prune`).
+    fn prune(&mut self, now: Nanos) {
+        while self.busy.front().is_some_and(|(_, end, _)| *end <= now) {
+            self.busy.pop_front();
+        }
+    }
+
+    /// A large transfer of `length` ready at `from`: after everything
+    /// booked. Returns its end.
+    fn book_large(&mut self, now: Nanos, from: Nanos, length: Nanos) -> Nanos {
+        self.prune(now);
+        let start = from.max(self.busy.back().map_or(0, |(_, end, _)| *end));
+        self.busy.push_back((start, start + length, true));
+        start + length
+    }
+
+    /// A small transfer of `length` ready at `from`: in the first gap long
+    /// enough for it, unless a large transfer comes first; then between
+    /// that one's frames (`frame` apart), which with everything after it
+    /// moves later by `length`. Returns its end.
+    fn book_small(&mut self, now: Nanos, from: Nanos, length: Nanos, frame: Nanos) -> Nanos {
+        self.prune(now);
+        let mut at = from;
+        for index in 0..self.busy.len() {
+            let (start, end, large) = self.busy[index];
+            if at + length <= start {
+                self.busy.insert(index, (at, at + length, false));
+                return at + length;
+            }
+            if at >= end {
+                continue;
+            }
+            if large {
+                let between = (at.max(start) + frame).min(end);
+                self.busy[index].1 += length;
+                for later in self.busy.iter_mut().skip(index + 1) {
+                    later.0 += length;
+                    later.1 += length;
+                }
+                return between + length;
+            }
+            at = end;
+        }
+        self.busy.push_back((at, at + length, false));
+        at + length
+    }
+}
+
 pub struct Flash {
     params: FlashParams,
     /// Submitted, waiting for a tag.
@@ -213,7 +271,7 @@ pub struct Flash {
     running: BinaryHeap<Reverse<(Nanos, u64)>>,
     dies: Vec<Die>,
     controller_free_at: Nanos,
-    link_free_at: Nanos,
+    link: Link,
     /// Programs scheduled and the bytes each frees from the buffer when done.
     programs: VecDeque<(Nanos, u64)>,
     /// Buffered bytes not yet making up a whole program unit.
@@ -240,7 +298,7 @@ impl Flash {
             waiting: VecDeque::new(),
             running: BinaryHeap::new(),
             controller_free_at: 0,
-            link_free_at: 0,
+            link: Link::default(),
             programs: VecDeque::new(),
             unprogrammed_bytes: 0,
             next_program_die: 0,
@@ -257,30 +315,25 @@ impl Flash {
     }
 
     /// The host link moves a transfer of `bytes` whose data is ready at
-    /// `ready`. Large transfers take the link in turn. A small one (up to
-    /// `LINK_FRAME_BYTES`) goes out between the frames of a large one, as
-    /// SATA FISes and PCIe packets do, and delays the rest of it instead.
-    fn link(&mut self, ready: Nanos, bytes: u64) -> Nanos {
+    /// `ready`, for a command at `now`; returns when it has moved. Large
+    /// transfers take the link in turn. A small one (up to
+    /// `LINK_FRAME_BYTES`) takes the first gap it fits, or goes out between
+    /// the frames of a large one, as SATA FISes and PCIe packets do, and
+    /// delays the rest of it instead. Either way it holds the link for its
+    /// own bytes: small transfers together move no faster than the link.
+    fn link(&mut self, now: Nanos, ready: Nanos, bytes: u64) -> Nanos {
         let own = slowed(
             transfer_nanos(bytes, self.params.link_bytes_per_sec),
             self.slowdown,
         );
-        if bytes <= LINK_FRAME_BYTES {
-            if self.link_free_at <= ready {
-                // The link is free then. Booking it from `ready` on would
-                // hold back transfers booked later that end before it.
-                return ready + own;
-            }
-            let frame = slowed(
-                transfer_nanos(LINK_FRAME_BYTES, self.params.link_bytes_per_sec),
-                self.slowdown,
-            );
-            self.link_free_at += own;
-            return ready + frame + own;
+        if bytes > LINK_FRAME_BYTES {
+            return self.link.book_large(now, ready, own);
         }
-        let start = ready.max(self.link_free_at);
-        self.link_free_at = start + own;
-        self.link_free_at
+        let frame = slowed(
+            transfer_nanos(LINK_FRAME_BYTES, self.params.link_bytes_per_sec),
+            self.slowdown,
+        );
+        self.link.book_small(now, ready, own, frame)
     }
 
     /// How long reading page `index` takes on its die: by its type, and
@@ -312,7 +365,7 @@ impl Flash {
             let die = &mut self.dies[(index % dies) as usize];
             data_ready = data_ready.max(die.book_gap(start, start, read_ns));
         }
-        self.link(data_ready, io.length)
+        self.link(start, data_ready, io.length)
     }
 
     /// Bytes buffered (not yet programmed) at `now`.
@@ -357,7 +410,7 @@ impl Flash {
             // Room for the part even beside a partial program unit.
             let part = left.min(self.params.write_buffer_bytes - self.params.program_bytes);
             let room = self.buffer_room_at(at, part);
-            let in_buffer = self.link(room, part);
+            let in_buffer = self.link(start, room, part);
             self.schedule_programs(start, in_buffer, part, false);
             at = in_buffer;
             left -= part;

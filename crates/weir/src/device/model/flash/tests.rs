@@ -203,3 +203,44 @@ fn tags_bound_the_commands_in_progress() {
     assert_eq!(drain(&mut nvme).len(), 5);
     assert_eq!(nvme.in_flight(), 0);
 }
+
+#[test]
+fn small_reads_together_move_no_faster_than_the_link() {
+    // 16 KiB reads spread over every die, all sent at once: the dies
+    // could read them far faster than the link carries them.
+    let p = steady_ssd();
+    let mut ssd = Flash::new(p.clone(), 1);
+    let reads = 512;
+    let length = 16 << 10;
+    for id in 0..reads {
+        ssd.submit(io(id, IoKind::Read, id * length, length), 0);
+    }
+    let last = drain(&mut ssd).iter().map(|(_, at)| *at).max().unwrap();
+    let link_ns = transfer_nanos(reads * length, p.link_bytes_per_sec);
+    assert!(
+        last >= link_ns,
+        "{reads} reads of {length} bytes done in {last} ns, the link needs {link_ns} ns"
+    );
+}
+
+#[test]
+fn a_small_read_goes_between_the_frames_of_a_large_transfer() {
+    // A 4 MiB read takes the link for about 7.6 ms; a 4 KiB read sent
+    // just after it waits for one frame, not the whole transfer.
+    let p = steady_ssd();
+    let mut ssd = Flash::new(p.clone(), 1);
+    ssd.submit(io(1, IoKind::Read, 0, 4 << 20), 0);
+    let small_at = 2 * NANOS_PER_MS;
+    let mut done = Vec::new();
+    ssd.advance(small_at, &mut done);
+    ssd.submit(io(2, IoKind::Read, GIB + p.page_bytes, 4096), small_at);
+    let done = drain(&mut ssd);
+    let at = |id: u64| done.iter().find(|(i, _)| *i == id).unwrap().1;
+    let frame = transfer_nanos(LINK_FRAME_BYTES, p.link_bytes_per_sec);
+    assert!(
+        at(2) < small_at + p.read_page_ns * 2 + frame + 50 * NANOS_PER_US,
+        "the small read took {} us",
+        (at(2) - small_at) / NANOS_PER_US
+    );
+    assert!(at(2) < at(1));
+}
