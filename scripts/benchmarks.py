@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,rbd,writeback-matrix,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,rbd,writeback-matrix,readahead-depth-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -330,6 +330,15 @@ Readers: 4 KiB random at QD1 and QD8, 64 KiB random at QD4, and an open-loop
 sequential at QD8, 64 KiB random at QD4, 128 KiB sequential at QD1. Each
 cell: the reader's p99 over its p99 alone, and the writer's MB/s, each the
 median over three seeds."""))
+    scenario_parts.append(section(os.path.join(RESULTS, "readahead-depth-matrix.md"),
+                                  "Readahead by block size and queue depth, virtual time",
+                                  """`bench/readahead_depth_matrix.py`: on each device model, sequential
+readers through one and four connections and random readers through one,
+with blocks of 4 KiB-1 MiB at queue depths 1-16, each with readahead off
+and on. A client that keeps several sequential reads in flight has them
+read ahead in larger reads when a trial measures that faster (see
+[configuration.md](configuration.md#readahead)); random readers read
+nothing ahead."""))
     write(SCENARIO_PAGE, scenario_parts)
 
 
@@ -342,7 +351,7 @@ def write(path, parts):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     everything = ",".join(dict.fromkeys(
-        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "rbd", "writeback-matrix", *SCENARIOS]))
+        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "rbd", "writeback-matrix", "readahead-depth-matrix", *SCENARIOS]))
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -373,6 +382,8 @@ def main():
             failed += run(["bench/rbd.sh", "--out", "bench/results/rbd"]) != 0
         if "writeback-matrix" in wanted:
             failed += run(["bench/writeback_matrix.py"]) != 0
+        if "readahead-depth-matrix" in wanted:
+            failed += run(["bench/readahead_depth_matrix.py"]) != 0
         for name in SCENARIOS:
             if name in wanted:
                 # A scenario's exit status is in its table: missed checks

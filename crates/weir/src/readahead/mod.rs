@@ -17,6 +17,7 @@
 //! each window brings; [`store`] holds the data under the server-wide
 //! [`ReadaheadBudget`].
 
+mod deep;
 mod store;
 pub mod streams;
 

@@ -1,0 +1,338 @@
+//! Read-ahead for a client that keeps several reads of its stream in
+//! flight, decided by trial.
+//!
+//! Such a client drives the device as deep as it likes, and whether
+//! read-ahead still pays depends on how its depth compares with what the
+//! device needs: 4 KiB reads eight at a time leave a disk seeking between
+//! tiny transfers and a flash drive paying its per-command cost for each
+//! (read ahead in larger reads they went 3.5x faster on the HDD model and
+//! 2.7x on the SSD), while 1 MiB reads eight at a time already move all
+//! the device can and a window only adds a wait and a copy. Rather than
+//! guess from sizes, each deep stream measures both: its rate without
+//! read-ahead, then with it for as many reads, and keeps whichever was
+//! faster. Read-ahead that paid is kept for longer each time it pays
+//! again; a trial that lost waits longer before the next.
+//!
+//! Sans-IO: the caller counts the stream's reads and reports its frontier
+//! and the time.
+
+/// Read-ahead wins a trial if the stream read at least this much faster
+/// with it: a smaller gain is within what waiting for windows costs.
+const TRIAL_GAIN_MIN: f64 = 1.1;
+/// Reads a measure lasts, with read-ahead or without.
+const TRIAL_READS: u64 = 64;
+/// Read-ahead that paid is kept for this many measures before the rate
+/// without it is measured again, doubling each time it pays again up to
+/// `KEEP_MEASURES_MAX`: measuring costs the reads done without it.
+const KEEP_MEASURES_FIRST: u64 = 16;
+const KEEP_MEASURES_MAX: u64 = 1024;
+/// A trial that lost is tried again after this many measures without,
+/// doubling each time it loses again up to `WAIT_MEASURES_MAX`.
+const WAIT_MEASURES_FIRST: u64 = 1;
+const WAIT_MEASURES_MAX: u64 = 64;
+/// A stream that already reads at this share of the rate read-ahead
+/// windows stream at on the volume gets no trial: nothing is left to gain,
+/// and a large reader would only wait behind the windows.
+const STREAMING_SHARE: f64 = 0.9;
+
+/// Where a stream stood: its counted reads, its frontier, the time.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    reads: u64,
+    frontier: u64,
+    ns: u64,
+}
+
+impl Mark {
+    /// Bytes per ns from `self` to `now`.
+    fn rate_to(&self, now: Mark) -> f64 {
+        now.frontier.saturating_sub(self.frontier) as f64
+            / now.ns.saturating_sub(self.ns).max(1) as f64
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// No read-ahead; measured from `since` once the stream has passed
+    /// `clear_of` (data read ahead before would make it look faster).
+    Without { since: Mark, clear_of: u64 },
+    /// Read-ahead on trial, measured from `since` against `rate_without`.
+    With { since: Mark, rate_without: f64 },
+    /// Read-ahead paid: kept until the stream's `until`-th counted read.
+    Kept { until: u64 },
+}
+
+#[derive(Debug)]
+pub struct DeepTrial {
+    phase: Phase,
+    /// The stream's reads that count: while it reads without read-ahead,
+    /// those answered from data held (read ahead for another reader, or
+    /// before) say nothing about the device and are not counted.
+    reads: u64,
+    keep_measures: u64,
+    wait_measures: u64,
+    /// The most reads of the stream seen in flight at once.
+    depth: u64,
+}
+
+impl DeepTrial {
+    /// A stream at `frontier`, whose reads ahead end at `ahead_end`, seen
+    /// deep at `now_ns`: it starts without read-ahead.
+    pub fn new(frontier: u64, ahead_end: u64, now_ns: u64) -> DeepTrial {
+        let since = Mark {
+            reads: 0,
+            frontier,
+            ns: now_ns,
+        };
+        DeepTrial {
+            phase: Phase::Without {
+                since,
+                clear_of: ahead_end,
+            },
+            reads: 0,
+            keep_measures: KEEP_MEASURES_FIRST,
+            wait_measures: WAIT_MEASURES_FIRST,
+            depth: 1,
+        }
+    }
+
+    /// The stream has `outstanding` reads in flight.
+    pub fn note_depth(&mut self, outstanding: u32) {
+        self.depth = self.depth.max(u64::from(outstanding));
+    }
+
+    /// The most reads of the stream seen in flight at once.
+    pub fn depth(&self) -> u64 {
+        self.depth
+    }
+
+    /// A read took the stream to `frontier` at `now_ns`, with its reads
+    /// ahead ending at `ahead_end`: whether it reads ahead now.
+    /// `streaming_rate` is what read-ahead windows move on the volume
+    /// (bytes per ns), once measured.
+    pub fn on_read(
+        &mut self,
+        frontier: u64,
+        ahead_end: u64,
+        now_ns: u64,
+        streaming_rate: Option<f64>,
+    ) -> bool {
+        self.reads += 1;
+        let now = Mark {
+            reads: self.reads,
+            frontier,
+            ns: now_ns,
+        };
+        match self.phase {
+            Phase::Without { since, clear_of } => {
+                if frontier <= clear_of {
+                    self.phase = Phase::Without {
+                        since: now,
+                        clear_of,
+                    };
+                    return false;
+                }
+                if now.reads - since.reads < self.wait_measures * TRIAL_READS {
+                    return false;
+                }
+                let rate_without = since.rate_to(now);
+                if streaming_rate.is_some_and(|rate| rate_without >= rate * STREAMING_SHARE) {
+                    self.phase = Phase::Without {
+                        since: now,
+                        clear_of,
+                    };
+                    self.wait_measures = (self.wait_measures * 2).min(WAIT_MEASURES_MAX);
+                    return false;
+                }
+                self.phase = Phase::With {
+                    since: now,
+                    rate_without,
+                };
+                true
+            }
+            Phase::With {
+                since,
+                rate_without,
+            } => {
+                if now.reads - since.reads < TRIAL_READS {
+                    return true;
+                }
+                if since.rate_to(now) >= rate_without * TRIAL_GAIN_MIN {
+                    self.phase = Phase::Kept {
+                        until: now.reads + self.keep_measures * TRIAL_READS,
+                    };
+                    self.keep_measures = (self.keep_measures * 2).min(KEEP_MEASURES_MAX);
+                    self.wait_measures = WAIT_MEASURES_FIRST;
+                    true
+                } else {
+                    self.phase = Phase::Without {
+                        since: now,
+                        clear_of: ahead_end,
+                    };
+                    self.wait_measures = (self.wait_measures * 2).min(WAIT_MEASURES_MAX);
+                    self.keep_measures = KEEP_MEASURES_FIRST;
+                    false
+                }
+            }
+            Phase::Kept { until } => {
+                if now.reads < until {
+                    return true;
+                }
+                self.phase = Phase::Without {
+                    since: now,
+                    clear_of: ahead_end,
+                };
+                false
+            }
+        }
+    }
+
+    /// The read just reported was answered from data held.
+    pub fn held_read(&mut self) {
+        if matches!(self.phase, Phase::Without { .. }) {
+            self.reads -= 1;
+        }
+    }
+
+    /// Read-ahead is on trial or kept.
+    #[cfg(test)]
+    fn reading_ahead(&self) -> bool {
+        !matches!(self.phase, Phase::Without { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads of `length` at `ns_per_read` from `frontier` on, while
+    /// `ahead` says whether read-ahead is on: `ns_with` per read then.
+    /// Returns the reads that went with read-ahead, and the frontier.
+    fn run(
+        trial: &mut DeepTrial,
+        reads: u64,
+        frontier: &mut u64,
+        now: &mut u64,
+        ns_without: u64,
+        ns_with: u64,
+    ) -> u64 {
+        let length = 4096;
+        let mut with = 0;
+        let mut ahead = false;
+        for _ in 0..reads {
+            *now += if ahead { ns_with } else { ns_without };
+            *frontier += length;
+            ahead = trial.on_read(*frontier, 0, *now, None);
+            with += u64::from(ahead);
+        }
+        with
+    }
+
+    #[test]
+    fn read_ahead_that_pays_is_kept_for_longer_each_time() {
+        let mut trial = DeepTrial::new(0, 0, 0);
+        let (mut frontier, mut now) = (0, 0);
+        // Three times faster with it: after the first measure without it,
+        // nearly every read goes with read-ahead.
+        let with = run(
+            &mut trial,
+            100 * TRIAL_READS,
+            &mut frontier,
+            &mut now,
+            300,
+            100,
+        );
+        assert!(
+            with >= 90 * TRIAL_READS,
+            "{with} reads of {} read ahead",
+            100 * TRIAL_READS
+        );
+        let later = run(
+            &mut trial,
+            100 * TRIAL_READS,
+            &mut frontier,
+            &mut now,
+            300,
+            100,
+        );
+        assert!(later >= 98 * TRIAL_READS, "then {later}");
+    }
+
+    #[test]
+    fn read_ahead_that_does_not_pay_is_tried_less_and_less() {
+        let mut trial = DeepTrial::new(0, 0, 0);
+        let (mut frontier, mut now) = (0, 0);
+        // As fast either way: trials only.
+        let with = run(
+            &mut trial,
+            100 * TRIAL_READS,
+            &mut frontier,
+            &mut now,
+            100,
+            100,
+        );
+        assert!(
+            with <= 8 * TRIAL_READS,
+            "{with} reads of {} read ahead",
+            100 * TRIAL_READS
+        );
+        let later = run(
+            &mut trial,
+            200 * TRIAL_READS,
+            &mut frontier,
+            &mut now,
+            100,
+            100,
+        );
+        assert!(later <= 4 * TRIAL_READS, "then {later}");
+        // Slower with it: the same.
+        let slower = run(
+            &mut trial,
+            200 * TRIAL_READS,
+            &mut frontier,
+            &mut now,
+            100,
+            150,
+        );
+        assert!(slower <= 4 * TRIAL_READS, "slower with it: {slower}");
+    }
+
+    #[test]
+    fn a_stream_already_reading_at_the_streaming_rate_gets_no_trial() {
+        let mut trial = DeepTrial::new(0, 0, 0);
+        // 4096 bytes per 100 ns: the rate windows stream at.
+        let streaming = Some(4096.0 / 100.0);
+        for i in 1..=100 * TRIAL_READS {
+            assert!(!trial.on_read(i * 4096, 0, i * 100, streaming), "read {i}");
+        }
+    }
+
+    #[test]
+    fn a_stream_is_measured_without_only_once_past_its_read_ahead_data() {
+        // Read ahead to 1 MiB before: reads up to there are answered from
+        // it, fast, and must not count as the rate without.
+        let mut trial = DeepTrial::new(0, 1 << 20, 0);
+        let mut now = 0;
+        for frontier in (1..=256).map(|i| i * 4096) {
+            now += 10;
+            assert!(!trial.on_read(frontier, 1 << 20, now, None));
+        }
+        let (mut frontier, mut with) = (1 << 20, 0);
+        for _ in 0..4 * TRIAL_READS {
+            frontier += 4096;
+            now += if with > 0 { 100 } else { 300 };
+            with += u64::from(trial.on_read(frontier, 1 << 20, now, None));
+        }
+        assert!(with > 0, "read ahead after a measure without it");
+    }
+
+    #[test]
+    fn reads_of_data_held_do_not_count_while_measuring_without() {
+        let mut trial = DeepTrial::new(0, 0, 0);
+        for i in 1..=10 * TRIAL_READS {
+            assert!(!trial.on_read(i * 4096, 0, i, None));
+            trial.held_read();
+        }
+        assert!(!trial.reading_ahead());
+    }
+}
