@@ -205,7 +205,7 @@ impl Die {
     }
 }
 
-/// The host link's booked transfers: `[start, end)` in time order, and
+/// The host link's booked transfers: `[start, end)` in order of start, and
 /// whether each is large (over `LINK_FRAME_BYTES`, so it moves in frames
 /// that small transfers can go between).
 #[derive(Clone, Debug, Default)]
@@ -222,13 +222,28 @@ impl Link {
         }
     }
 
-    /// A large transfer of `length` ready at `from`: after everything
-    /// booked. Returns its end.
+    /// A large transfer of `length` ready at `from`: after the large
+    /// transfers booked, in turn, and longer by the small ones booked
+    /// within its span, which go between its frames. A small transfer
+    /// booked for later (a read whose die is busy until then) does not
+    /// hold it back. Returns its end.
     fn book_large(&mut self, now: Nanos, from: Nanos, length: Nanos) -> Nanos {
         self.prune(now);
-        let start = from.max(self.busy.back().map_or(0, |(_, end, _)| *end));
-        self.busy.push_back((start, start + length, true));
-        start + length
+        let start = self
+            .busy
+            .iter()
+            .filter(|(_, _, large)| *large)
+            .map(|(_, end, _)| *end)
+            .fold(from, Nanos::max);
+        let mut end = start + length;
+        for (small_start, small_end, large) in &self.busy {
+            if !large && *small_start < end && *small_end > start {
+                end += small_end - (*small_start).max(start);
+            }
+        }
+        let index = self.busy.partition_point(|(at, _, _)| *at <= start);
+        self.busy.insert(index, (start, end, true));
+        end
     }
 
     /// A small transfer of `length` ready at `from`: in the first gap long

@@ -244,3 +244,17 @@ fn a_small_read_goes_between_the_frames_of_a_large_transfer() {
     );
     assert!(at(2) < at(1));
 }
+
+#[test]
+fn a_small_transfer_booked_for_later_does_not_hold_back_a_large_one() {
+    // A read whose die is busy until 5 ms has its transfer booked then; a
+    // 1 ms write transfer ready now goes now, and one spanning that read
+    // is longer by it.
+    let mut link = Link::default();
+    let small = 4 * NANOS_PER_US;
+    let frame = 30 * NANOS_PER_US;
+    link.book_small(0, 5 * NANOS_PER_MS, small, frame);
+    assert_eq!(link.book_large(0, 0, NANOS_PER_MS), NANOS_PER_MS);
+    let spanning = link.book_large(0, 4 * NANOS_PER_MS, 2 * NANOS_PER_MS);
+    assert_eq!(spanning, 6 * NANOS_PER_MS + small);
+}
