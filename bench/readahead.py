@@ -42,6 +42,8 @@ JOBS = [  # name, rw, bs, iodepth, offset
     ("randread-64k-qd1", "randread", "64k", 1, 0),
     ("read-4k-qd1", "read", "4k", 1, 0),
     ("read-128k-qd1", "read", "128k", 1, 0),
+    # A client keeping several small sequential reads in flight.
+    ("read-4k-qd8", "read", "4k", 8, 0),
     ("read-1m-qd8", "read", "1M", 8, 0),
     # The sequential rate of the half the second stream reads: a disk's
     # outer tracks read faster than its inner ones.
