@@ -35,7 +35,7 @@ const WAIT_MEASURES_MAX: u64 = 64;
 /// and a large reader would only wait behind the windows.
 const STREAMING_SHARE: f64 = 0.9;
 
-/// Where a stream stood: its counted reads, its frontier, the time.
+/// Where a stream stood: its reads, its frontier, the time.
 #[derive(Clone, Copy, Debug)]
 struct Mark {
     reads: u64,
@@ -58,7 +58,7 @@ enum Phase {
     Without { since: Mark, clear_of: u64 },
     /// Read-ahead on trial, measured from `since` against `rate_without`.
     With { since: Mark, rate_without: f64 },
-    /// Read-ahead paid: kept until the stream's `until`-th counted read.
+    /// Read-ahead paid: kept until the stream's `until`-th read.
     Kept { until: u64 },
 }
 
@@ -189,19 +189,31 @@ impl DeepTrial {
         }
     }
 
-    /// The read just reported was answered from data held: while the
-    /// stream is measured without read-ahead, the measure starts again
-    /// after it. Data read ahead for another reader, or before, comes
-    /// faster than the device, and counted it made the rate without
-    /// read-ahead look higher than any trial could beat (4 KiB reads eight
-    /// at a time after a reader of the same range, on a served HDD model:
-    /// 87 MB/s, against 198 when the range was not held).
-    pub fn held_read(&mut self) {
-        if let Phase::Without { clear_of, .. } = self.phase {
-            self.phase = Phase::Without {
-                since: self.last,
-                clear_of,
-            };
+    /// The read just reported was answered from data held; `own` if the
+    /// stream read it ahead itself. While the stream is measured without
+    /// read-ahead, the measure starts again after it, and on trial so
+    /// does the measure with it unless the data was its own: data read
+    /// ahead for another reader, or before, comes faster than the device.
+    /// Counted without read-ahead, it made that rate look higher than any
+    /// trial could beat (4 KiB reads eight at a time after a reader of the
+    /// same range, on a served HDD model: 87 MB/s, against 198 when the
+    /// range was not held); counted on trial, it would keep read-ahead
+    /// that does not pay.
+    pub fn held_read(&mut self, own: bool) {
+        match self.phase {
+            Phase::Without { clear_of, .. } => {
+                self.phase = Phase::Without {
+                    since: self.last,
+                    clear_of,
+                };
+            }
+            Phase::With { rate_without, .. } if !own => {
+                self.phase = Phase::With {
+                    since: self.last,
+                    rate_without,
+                };
+            }
+            Phase::With { .. } | Phase::Kept { .. } => {}
         }
     }
 
@@ -216,95 +228,87 @@ impl DeepTrial {
 mod tests {
     use super::*;
 
-    /// Reads of `length` at `ns_per_read` from `frontier` on, while
-    /// `ahead` says whether read-ahead is on: `ns_with` per read then.
-    /// Returns the reads that went with read-ahead, and the frontier.
-    fn run(
-        trial: &mut DeepTrial,
-        reads: u64,
-        frontier: &mut u64,
-        now: &mut u64,
-        ns_without: u64,
-        ns_with: u64,
-    ) -> u64 {
-        let length = 4096;
-        let mut with = 0;
-        let mut ahead = false;
-        for _ in 0..reads {
-            *now += if ahead { ns_with } else { ns_without };
-            *frontier += length;
-            ahead = trial.on_read(*frontier, 0, *now, None);
-            with += u64::from(ahead);
+    /// A deep stream of 4 KiB reads whose reads take `ns_without` each
+    /// without read-ahead and `ns_with` with it.
+    struct Reader {
+        trial: DeepTrial,
+        frontier: u64,
+        now: u64,
+    }
+
+    impl Reader {
+        fn new() -> Reader {
+            Reader {
+                trial: DeepTrial::new(0, 0, 0),
+                frontier: 0,
+                now: 0,
+            }
         }
-        with
+
+        /// `reads` more reads; returns how many went with read-ahead.
+        fn read(&mut self, reads: u64, ns_without: u64, ns_with: u64) -> u64 {
+            let mut with = 0;
+            let mut ahead = false;
+            for _ in 0..reads {
+                self.now += if ahead { ns_with } else { ns_without };
+                self.frontier += 4096;
+                ahead = self.trial.on_read(self.frontier, 0, self.now, None);
+                with += u64::from(ahead);
+            }
+            with
+        }
+
+        /// `reads` reads of data another stream read ahead, 10 ns each, on
+        /// trial.
+        fn read_held_on_trial(&mut self, reads: u64) {
+            for _ in 0..reads {
+                self.frontier += 4096;
+                self.now += 10;
+                assert!(self.trial.on_read(self.frontier, 0, self.now, None));
+                self.trial.held_read(false);
+            }
+        }
+
+        /// `reads` reads of data held, 10 ns each.
+        fn read_held(&mut self, reads: u64) {
+            for _ in 0..reads {
+                self.frontier += 4096;
+                self.now += 10;
+                assert!(!self.trial.on_read(self.frontier, 0, self.now, None));
+                self.trial.held_read(false);
+            }
+        }
     }
 
     #[test]
     fn read_ahead_that_pays_is_kept_for_longer_each_time() {
-        let mut trial = DeepTrial::new(0, 0, 0);
-        let (mut frontier, mut now) = (0, 0);
+        let mut reader = Reader::new();
         // Three times faster with it: after the first measure without it,
         // nearly every read goes with read-ahead.
-        let with = run(
-            &mut trial,
-            100 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            300,
-            100,
-        );
+        let with = reader.read(100 * TRIAL_READS, 300, 100);
         assert!(
             with >= 90 * TRIAL_READS,
-            "{with} reads of {} read ahead",
+            "{with} of {} read ahead",
             100 * TRIAL_READS
         );
-        let later = run(
-            &mut trial,
-            100 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            300,
-            100,
-        );
+        let later = reader.read(100 * TRIAL_READS, 300, 100);
         assert!(later >= 98 * TRIAL_READS, "then {later}");
     }
 
     #[test]
     fn read_ahead_that_does_not_pay_is_tried_less_and_less() {
-        let mut trial = DeepTrial::new(0, 0, 0);
-        let (mut frontier, mut now) = (0, 0);
+        let mut reader = Reader::new();
         // As fast either way: trials only.
-        let with = run(
-            &mut trial,
-            100 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            100,
-            100,
-        );
+        let with = reader.read(100 * TRIAL_READS, 100, 100);
         assert!(
             with <= 8 * TRIAL_READS,
-            "{with} reads of {} read ahead",
+            "{with} of {} read ahead",
             100 * TRIAL_READS
         );
-        let later = run(
-            &mut trial,
-            200 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            100,
-            100,
-        );
+        let later = reader.read(200 * TRIAL_READS, 100, 100);
         assert!(later <= 4 * TRIAL_READS, "then {later}");
         // Slower with it: the same.
-        let slower = run(
-            &mut trial,
-            200 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            100,
-            150,
-        );
+        let slower = reader.read(200 * TRIAL_READS, 100, 150);
         assert!(slower <= 4 * TRIAL_READS, "slower with it: {slower}");
     }
 
@@ -339,38 +343,36 @@ mod tests {
 
     #[test]
     fn reads_of_data_held_do_not_count_while_measuring_without() {
-        let mut trial = DeepTrial::new(0, 0, 0);
-        for i in 1..=10 * TRIAL_READS {
-            assert!(!trial.on_read(i * 4096, 0, i, None));
-            trial.held_read();
-        }
-        assert!(!trial.reading_ahead());
+        let mut reader = Reader::new();
+        reader.read_held(10 * TRIAL_READS);
+        assert!(!reader.trial.reading_ahead());
     }
 
     #[test]
     fn reads_of_data_held_do_not_make_the_rate_without_look_higher() {
-        let mut trial = DeepTrial::new(0, 0, 0);
-        let (mut frontier, mut now) = (0, 0);
-        // Data held for another reader: 10 ns a read.
-        for _ in 0..1000 {
-            frontier += 4096;
-            now += 10;
-            assert!(!trial.on_read(frontier, 0, now, None));
-            trial.held_read();
-        }
+        let mut reader = Reader::new();
+        reader.read_held(1000);
         // Then the device: three times faster with read-ahead.
-        let with = run(
-            &mut trial,
-            20 * TRIAL_READS,
-            &mut frontier,
-            &mut now,
-            300,
-            100,
-        );
+        let with = reader.read(20 * TRIAL_READS, 300, 100);
         assert!(
             with >= 15 * TRIAL_READS,
-            "{with} reads of {} read ahead",
+            "{with} of {} read ahead",
             20 * TRIAL_READS
+        );
+    }
+
+    #[test]
+    fn on_trial_reads_of_data_held_for_others_do_not_make_it_pay() {
+        let mut reader = Reader::new();
+        // As fast either way; the trial starts after the first measure.
+        reader.read(TRIAL_READS, 100, 100);
+        assert!(reader.trial.reading_ahead());
+        // Half its trial reads data held for another reader.
+        reader.read_held_on_trial(TRIAL_READS / 2);
+        reader.read(2 * TRIAL_READS, 100, 100);
+        assert!(
+            !reader.trial.reading_ahead(),
+            "kept a read-ahead that did not pay"
         );
     }
 }

@@ -255,6 +255,16 @@ impl State {
         (at >= end).then_some(pieces)
     }
 
+    /// Whether the held segments covering `[offset, end)` were all read
+    /// ahead for `stream`.
+    fn held_for(&self, stream: u64, offset: u64, end: u64) -> bool {
+        self.covering(offset, end).is_some_and(|starts| {
+            starts
+                .iter()
+                .all(|start| self.segments[start].stream == stream)
+        })
+    }
+
     /// Copy `[offset, offset + buf.len())` from held segments if they
     /// cover all of it.
     fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
@@ -464,9 +474,10 @@ impl ReadaheadStore {
         });
         let answered = if state.covering(offset, end).is_some() {
             let (mut buf, done) = answer.whole(offset, length);
+            let own = state.held_for(stream, offset, end);
             let held = state.take_from_segments(offset, &mut buf);
             debug_assert!(held, "covered above");
-            state.streams.held_read(stream);
+            state.streams.held_read(stream, own);
             Ok((buf, done))
         } else if let Some(fetch) = state
             .fetches

@@ -635,15 +635,16 @@ impl Streams {
         }
     }
 
-    /// The read `on_read` just gave `stream` is answered from data held:
-    /// it says nothing about how many reads its client keeps in flight.
-    pub fn held_read(&mut self, stream: u64) {
+    /// The read `on_read` just gave `stream` is answered from data held
+    /// (`own`: read ahead for this stream): it says nothing about how many
+    /// reads its client keeps in flight.
+    pub fn held_read(&mut self, stream: u64, own: bool) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.id == stream) {
             if s.deep_until_reads >= s.reads {
                 s.deep_until_reads += 1;
             }
             if let Some(trial) = &mut s.deep {
-                trial.held_read();
+                trial.held_read(own);
             }
         }
     }
@@ -1285,7 +1286,7 @@ mod tests {
         for _ in 0..4 * DEEP_CLIENT_READS {
             let (stream, plan) = streams.on_read(i * length, length, MAX, 4096, SIZE, i);
             assert_eq!(plan, None, "read {i} planned a window");
-            streams.held_read(stream);
+            streams.held_read(stream, false);
             streams.answered(stream);
             i += 1;
         }
