@@ -22,7 +22,8 @@
 //! read-ahead data evicted before it got there has its window halved and
 //! stops the growth; a stream whose reader stopped leaves its data to go
 //! first. Windows are whole requests of the stream's size.
-//! A client that keeps several reads of a stream in flight gets none.
+//! A client that keeps several reads of a stream in flight gets read-ahead
+//! only while a trial shows it pays (`deep`).
 //!
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
 //! this returns.
