@@ -255,16 +255,6 @@ impl State {
         (at >= end).then_some(pieces)
     }
 
-    /// Whether the held segments covering `[offset, end)` were all read
-    /// ahead for `stream`.
-    fn held_for(&self, stream: u64, offset: u64, end: u64) -> bool {
-        self.covering(offset, end).is_some_and(|starts| {
-            starts
-                .iter()
-                .all(|start| self.segments[start].stream == stream)
-        })
-    }
-
     /// Copy `[offset, offset + buf.len())` from held segments if they
     /// cover all of it.
     fn take_from_segments(&mut self, offset: u64, buf: &mut AlignedBuf) -> bool {
@@ -472,9 +462,11 @@ impl ReadaheadStore {
             let pieces = self.register(&mut state, plan, piece_bytes);
             state.gate(pieces, info.rotational, now_ns)
         });
-        let answered = if state.covering(offset, end).is_some() {
+        let answered = if let Some(starts) = state.covering(offset, end) {
             let (mut buf, done) = answer.whole(offset, length);
-            let own = state.held_for(stream, offset, end);
+            let own = starts
+                .iter()
+                .all(|start| state.segments[start].stream == stream);
             let held = state.take_from_segments(offset, &mut buf);
             debug_assert!(held, "covered above");
             state.streams.held_read(stream, own);
