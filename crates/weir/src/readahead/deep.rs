@@ -62,6 +62,26 @@ enum Phase {
     Kept { until: u64 },
 }
 
+/// How long read-ahead is kept once it pays and how long a lost trial
+/// waits, in measures: what the trials so far have learned. The volume
+/// keeps it for the streams after, so that a client reading the volume
+/// again, or reading several streams of the same size, does not pay for
+/// the first trials each time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrialPace {
+    keep_measures: u64,
+    wait_measures: u64,
+}
+
+impl Default for TrialPace {
+    fn default() -> TrialPace {
+        TrialPace {
+            keep_measures: KEEP_MEASURES_FIRST,
+            wait_measures: WAIT_MEASURES_FIRST,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct DeepTrial {
     phase: Phase,
@@ -77,8 +97,9 @@ pub struct DeepTrial {
 
 impl DeepTrial {
     /// A stream at `frontier`, whose reads ahead end at `ahead_end`, seen
-    /// deep at `now_ns`: it starts without read-ahead.
-    pub fn new(frontier: u64, ahead_end: u64, now_ns: u64) -> DeepTrial {
+    /// deep at `now_ns`: it starts without read-ahead, at the `pace` the
+    /// trials of streams like it learned.
+    pub fn new(frontier: u64, ahead_end: u64, now_ns: u64, pace: TrialPace) -> DeepTrial {
         let since = Mark {
             reads: 0,
             frontier,
@@ -91,9 +112,17 @@ impl DeepTrial {
             },
             reads: 0,
             last: since,
-            keep_measures: KEEP_MEASURES_FIRST,
-            wait_measures: WAIT_MEASURES_FIRST,
+            keep_measures: pace.keep_measures,
+            wait_measures: pace.wait_measures,
             depth: 1,
+        }
+    }
+
+    /// What this stream's trials have learned, for the streams after it.
+    pub fn pace(&self) -> TrialPace {
+        TrialPace {
+            keep_measures: self.keep_measures,
+            wait_measures: self.wait_measures,
         }
     }
 
@@ -239,7 +268,7 @@ mod tests {
     impl Reader {
         fn new() -> Reader {
             Reader {
-                trial: DeepTrial::new(0, 0, 0),
+                trial: DeepTrial::new(0, 0, 0, TrialPace::default()),
                 frontier: 0,
                 now: 0,
             }
@@ -314,7 +343,7 @@ mod tests {
 
     #[test]
     fn a_stream_already_reading_at_the_streaming_rate_gets_no_trial() {
-        let mut trial = DeepTrial::new(0, 0, 0);
+        let mut trial = DeepTrial::new(0, 0, 0, TrialPace::default());
         // 4096 bytes per 100 ns: the rate windows stream at.
         let streaming = Some(4096.0 / 100.0);
         for i in 1..=100 * TRIAL_READS {
@@ -326,7 +355,7 @@ mod tests {
     fn a_stream_is_measured_without_only_once_past_its_read_ahead_data() {
         // Read ahead to 1 MiB before: reads up to there are answered from
         // it, fast, and must not count as the rate without.
-        let mut trial = DeepTrial::new(0, 1 << 20, 0);
+        let mut trial = DeepTrial::new(0, 1 << 20, 0, TrialPace::default());
         let mut now = 0;
         for frontier in (1..=256).map(|i| i * 4096) {
             now += 10;

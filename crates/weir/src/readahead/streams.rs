@@ -28,9 +28,9 @@
 //! Sans-IO: the caller reports reads and evictions and issues the ranges
 //! this returns.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
-use super::deep::DeepTrial;
+use super::deep::{DeepTrial, TrialPace};
 use crate::sched::LinearCost;
 
 /// Streams tracked at once per volume; the least recently read goes.
@@ -311,8 +311,12 @@ pub struct Streams {
     unread_at_ns: u64,
     /// What a window costs the device by its length (ns), from the
     /// windows served: its cost per byte is the rate a window streams at,
-    /// without the seek before it.
+    /// without the seek before it. Measured on a disk only, where a
+    /// stream's windows go one at a time.
     window_cost: LinearCost,
+    /// What deep streams' trials learned, by the power of two their
+    /// reads' length falls in (at most 64 entries).
+    trial_paces: BTreeMap<u32, TrialPace>,
     reads: u64,
     next_id: u64,
 }
@@ -476,11 +480,16 @@ impl Streams {
                 .window_cost
                 .parts()
                 .and_then(|(_, ns_per_byte)| (ns_per_byte > 0.0).then(|| 1.0 / ns_per_byte));
-            let trial = stream
-                .deep
-                .get_or_insert_with(|| DeepTrial::new(frontier, ahead_end, now_ns));
+            let size_class = length.max(1).ilog2();
+            let trial_paces = &mut self.trial_paces;
+            let trial = stream.deep.get_or_insert_with(|| {
+                let pace = trial_paces.get(&size_class).copied().unwrap_or_default();
+                DeepTrial::new(frontier, ahead_end, now_ns, pace)
+            });
             trial.note_depth(stream.outstanding);
-            if !trial.on_read(frontier, ahead_end, now_ns, streaming_rate) {
+            let reads_ahead = trial.on_read(frontier, ahead_end, now_ns, streaming_rate);
+            trial_paces.insert(size_class, trial.pace());
+            if !reads_ahead {
                 return (id, None);
             }
         }
@@ -1238,6 +1247,55 @@ mod tests {
                 streams.answered(outstanding.remove(0));
             }
         }
+    }
+
+    /// Reads `count` reads of `length` from `start` with eight in flight,
+    /// `ns_per_read` apart from `now`: at which of them windows were
+    /// planned.
+    fn deep_reads(
+        streams: &mut Streams,
+        start: u64,
+        length: u64,
+        count: u64,
+        now: &mut u64,
+    ) -> Vec<u64> {
+        let ns_per_read = 300_000;
+        let mut outstanding = Vec::new();
+        let mut planned_at = Vec::new();
+        for i in 0..count {
+            *now += ns_per_read;
+            let offset = start + i * length;
+            let (stream, plan) = streams.on_read(offset, length, 1 << 40, 4096, SIZE, *now);
+            if plan.is_some() {
+                planned_at.push(i);
+            }
+            outstanding.push(stream);
+            if outstanding.len() == 8 {
+                streams.answered(outstanding.remove(0));
+            }
+        }
+        for stream in outstanding {
+            streams.answered(stream);
+        }
+        planned_at
+    }
+
+    #[test]
+    fn a_deep_client_reading_the_volume_again_does_not_pay_for_the_first_trials_again() {
+        let mut streams = Streams::default();
+        let length = 1 << 20;
+        let mut now = 0;
+        // As fast with read-ahead as without: each trial loses, and the
+        // stream waits longer before the next.
+        let first = deep_reads(&mut streams, 0, length, 10_000, &mut now);
+        assert!(
+            first.first().is_some_and(|&i| i < 200),
+            "first trial at {first:?}"
+        );
+        // The same client reads the volume again from the start: a new
+        // stream, which starts at the pace the first one learned.
+        let again = deep_reads(&mut streams, 0, length, 2_000, &mut now);
+        assert!(again.is_empty(), "read ahead again at reads {again:?}");
     }
 
     #[test]
