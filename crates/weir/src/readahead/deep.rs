@@ -9,9 +9,11 @@
 //! 2.7x on the SSD), while 1 MiB reads eight at a time already move all
 //! the device can and a window only adds a wait and a copy. Rather than
 //! guess from sizes, each deep stream measures both: its rate without
-//! read-ahead, then with it for as many reads, and keeps whichever was
-//! faster. Read-ahead that paid is kept for longer each time it pays
-//! again; a trial that lost waits longer before the next.
+//! read-ahead, then with it for as many reads (and through the first
+//! window the trial read ahead), and keeps whichever was faster.
+//! Read-ahead that paid is kept for longer each time it pays again; a
+//! trial that lost waits longer before the next, and the volume keeps
+//! both for the next streams of the same read size.
 //!
 //! Sans-IO: the caller counts the stream's reads and reports its frontier
 //! and the time.
