@@ -203,7 +203,10 @@ first. Direct I/O: one pre-written 2 GiB file served by all at once with
 O_DIRECT and io_uring where the server offers it (nbdkit's file plugin uses the
 page cache and is shown for reference), plus fio's own io_uring engine on the
 file as the limit. Each job runs on every server once per round in a rotating
-order."""))
+order. weir runs with its defaults: its write-back cache answers writes before
+the file has them, and its readahead reads the file ahead of a sequential
+reader in larger requests than the reader's, which is how a weir cell can pass
+the limit fio reaches with the same job's requests."""))
     parts.append(section(os.path.join(RESULTS, "tls.md"), "NBD over TLS against plaintext",
                          """weir, nbdkit and qemu-nbd, each memory-backed and filled with data first, on
 loopback TCP; weir and nbdkit take plaintext and TLS clients on one port
