@@ -6,12 +6,14 @@ them."""
 
 import os
 import re
+import stat
+import tempfile
 import unittest
 
 import nbd
 
 from test_pool import MIB, PoolTest
-from weirtest import Weir, fetch_metrics
+from weirtest import Weir, fetch_metrics, sparse_file
 
 REQUEST = 64 * 1024
 
@@ -161,6 +163,48 @@ class Readahead(PoolTest):
         metrics = self.read_a_written_stream(self.serve("--readahead", "off"))
         self.assertEqual(async_reads(metrics), 0)
         self.assertNotIn("weir_volume_readahead_hits", metrics)
+
+
+class RawExports(unittest.TestCase):
+    """A server of --export devices alone, with no pools: its exports'
+    read-ahead and cache figures are read from its admin endpoint."""
+
+    def test_an_export_only_server_serves_metrics_and_a_second_one_in_its_directory_still_serves(self):
+        work = tempfile.TemporaryDirectory(prefix="weir-raw-")
+        self.addCleanup(work.cleanup)
+        data = os.path.join(work.name, "weir-data")
+        disk, other = os.path.join(work.name, "disk.img"), os.path.join(work.name, "other.img")
+        sparse_file(disk, 64 * MIB)
+        sparse_file(other, 16 * MIB)
+        first = Weir("--export", f"disk=file:{disk}", workdir=work.name).start()
+        self.addCleanup(first.stop)
+        h = nbd.NBD()
+        h.connect_uri(first.uri("disk"))
+        payload = os.urandom(8 * MIB)
+        h.pwrite(payload, 0)
+        h.flush()
+        for offset in range(0, 8 * MIB, REQUEST):
+            self.assertEqual(h.pread(REQUEST, offset), payload[offset:offset + REQUEST])
+        h.shutdown()
+        metrics = fetch_metrics(data)
+        hits = re.search(r'^weir_volume_readahead_hits_total\{volume="disk"\} (\S+)$', metrics, re.M)
+        self.assertIsNotNone(hits, metrics[-2000:])
+        self.assertGreater(float(hits.group(1)), 0, "a stream read in order is read ahead")
+        self.assertIn('weir_volume_cache_dirty_bytes{volume="disk"}', metrics)
+        self.assertEqual(stat.S_IMODE(os.stat(data).st_mode), 0o700)
+        # A second such server from the same directory cannot hold it: it
+        # says so and serves its exports all the same.
+        second = Weir("--export", f"other=file:{other}", workdir=work.name).start()
+        self.addCleanup(second.stop)
+        h = nbd.NBD()
+        h.connect_uri(second.uri("other"))
+        h.pwrite(b"x" * 4096, 0)
+        self.assertEqual(h.pread(4096, 0), b"x" * 4096)
+        h.shutdown()
+        self.assertIn("no admin endpoint", second.logs())
+        self.assertIn("another weir serve holds it", second.logs())
+        self.assertNotIn('volume="other"', fetch_metrics(data))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -38,9 +38,14 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     }
     // Pools live in the data directory only if it has a registry; the lock
     // keeps offline pool commands away while this server runs, and they
-    // go through its admin endpoint instead.
+    // go through its admin endpoint instead. A server of --export devices
+    // alone holds the directory too when it is free, for the endpoint its
+    // exports' metrics are read from; one that another server holds
+    // leaves this server without an endpoint, not without its exports.
     let _data_dir_lock = if registry.exists() {
         Some(crate::pool::data_dir::lock_data_dir(&config.data_dir)?)
+    } else if config.admin.is_some() {
+        hold_if_free(&config.data_dir)
     } else {
         None
     };
@@ -95,12 +100,19 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     }
     service.serve_all_volumes()?;
     let admin = match (&config.admin, &_data_dir_lock) {
-        (Some(listen), Some(_)) => Some(AdminEndpoint::start(
-            listen,
-            &config.data_dir,
-            Arc::clone(&service),
-            tls.as_ref(),
-        )?),
+        (Some(listen), Some(_)) => {
+            let started =
+                AdminEndpoint::start(listen, &config.data_dir, Arc::clone(&service), tls.as_ref());
+            match started {
+                Ok(endpoint) => Some(endpoint),
+                // Pools need their endpoint for every change while served.
+                Err(err) if registry.exists() => return Err(err),
+                Err(err) => {
+                    tracing::warn!("serving the exports with no admin endpoint: {err:#}");
+                    None
+                }
+            }
+        }
         _ => None,
     };
 
@@ -184,6 +196,25 @@ fn add_device(
         service.add_readahead(&spec.name, readahead);
     }
     Ok(())
+}
+
+/// The data directory's lock, made with the directory if need be, or
+/// `None` with the reason logged: another server holds it, or it cannot
+/// be made. Exports are served either way.
+fn hold_if_free(data_dir: &std::path::Path) -> Option<std::fs::File> {
+    let lock = std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create data directory {}", data_dir.display()))
+        .and_then(|()| crate::pool::data_dir::try_lock_data_dir(data_dir));
+    let why = match lock {
+        Ok(Some(lock)) => return Some(lock),
+        Ok(None) => "another weir serve holds it".to_string(),
+        Err(err) => format!("{err:#}"),
+    };
+    tracing::warn!(
+        data_dir = %data_dir.display(),
+        "no admin endpoint (no /metrics, weir iostat or online pool commands): {why}; give this server a --data-dir of its own for one"
+    );
+    None
 }
 
 fn load_tls(config: &ServeConfig) -> anyhow::Result<Option<Tls>> {
