@@ -38,14 +38,9 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     }
     // Pools live in the data directory only if it has a registry; the lock
     // keeps offline pool commands away while this server runs, and they
-    // go through its admin endpoint instead. A server of --export devices
-    // alone holds the directory too when it is free, for the endpoint its
-    // exports' metrics are read from; one that another server holds
-    // leaves this server without an endpoint, not without its exports.
-    let _data_dir_lock = if registry.exists() {
+    // go through its admin endpoint instead.
+    let mut data_dir_lock = if registry.exists() {
         Some(crate::pool::data_dir::lock_data_dir(&config.data_dir)?)
-    } else if config.admin.is_some() {
-        hold_if_free(&config.data_dir)
     } else {
         None
     };
@@ -99,7 +94,15 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         add_device(&host, &service, spec)?;
     }
     service.serve_all_volumes()?;
-    let admin = match (&config.admin, &_data_dir_lock) {
+    // A server of --export devices alone holds the directory too when it
+    // is free, for the endpoint its exports' metrics are read from (once
+    // they are served: a server that fails to start leaves nothing
+    // behind). One that another server holds leaves this server without
+    // an endpoint, not without its exports.
+    if data_dir_lock.is_none() && config.admin.is_some() {
+        data_dir_lock = hold_if_free(&config.data_dir);
+    }
+    let admin = match (&config.admin, &data_dir_lock) {
         (Some(listen), Some(_)) => {
             let started =
                 AdminEndpoint::start(listen, &config.data_dir, Arc::clone(&service), tls.as_ref());
