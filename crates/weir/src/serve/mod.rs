@@ -99,7 +99,8 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     // they are served: a server that fails to start leaves nothing
     // behind). One that another server holds leaves this server without
     // an endpoint, not without its exports.
-    if data_dir_lock.is_none() && config.admin.is_some() {
+    let holds_pools = data_dir_lock.is_some();
+    if !holds_pools && config.admin.is_some() {
         data_dir_lock = hold_if_free(&config.data_dir);
     }
     let admin = match (&config.admin, &data_dir_lock) {
@@ -109,7 +110,7 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
             match started {
                 Ok(endpoint) => Some(endpoint),
                 // Pools need their endpoint for every change while served.
-                Err(err) if registry.exists() => return Err(err),
+                Err(err) if holds_pools => return Err(err),
                 Err(err) => {
                     tracing::warn!("serving the exports with no admin endpoint: {err:#}");
                     None
