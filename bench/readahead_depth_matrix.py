@@ -11,6 +11,8 @@ client that keeps several sequential reads in flight is the case this
 shows beside `weir bench readahead`: whether its reads, too small for the
 device, are read ahead in larger ones, and whether one whose reads are
 already large enough is left alone. Random readers must come out equal.
+Both sides run the device queue in adaptive mode, as `weir serve` runs a
+raw export with its defaults (write-back cache and readahead on).
 Needs target/release/weir (cargo build --release).
 """
 
@@ -34,7 +36,7 @@ READERS = [("read", 1), ("read", 4), ("randread", 1)]
 
 def run(device, readahead, job, seconds):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [WEIR, "bench", "run", "--sim", "--device", f"model:{device},size=4G",
+        cmd = [WEIR, "bench", "run", "--sim", "--device", f"model:{device},size=4G", "--sched", "adaptive",
                "--readahead", readahead, "--seconds", str(seconds), "--json", out.name, "--job", job]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         stream = json.load(open(out.name))["runs"][0]["streams"][0]
