@@ -341,8 +341,8 @@ with blocks of 4 KiB-1 MiB at queue depths 1-16, each with readahead off
 and on, the device queue in the adaptive mode `weir serve` runs a raw
 export in with its defaults. There read-ahead is background I/O, below the
 client's own reads, and on flash a deep client whose reads already keep
-the drive busy gains little from it or loses a little (the lowest cells
-are listed under the table). A client that keeps several sequential reads in flight has them
+the drive busy gains little from it or loses (NVMe 16 KiB reads sixteen at
+a time: 0.89x; the lowest cell per reader is listed under the table). A client that keeps several sequential reads in flight has them
 read ahead in larger reads when a trial measures that faster (see
 [configuration.md](configuration.md#readahead)); random readers read
 nothing ahead. A fast reader goes round its 4 GiB device more than once
