@@ -18,6 +18,7 @@
 //! [`ReadaheadBudget`].
 
 mod deep;
+mod fetches;
 mod store;
 pub mod streams;
 

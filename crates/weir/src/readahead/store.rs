@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
+use super::fetches::{Fetch, Fetches, Waiting};
 use super::streams::{Plan, Streams};
 use super::ReadaheadBudget;
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
@@ -52,23 +53,6 @@ struct Segment {
     /// none has read it, its end once a reader has passed it.
     read_end: u64,
     last_use: u64,
-}
-
-struct Waiting {
-    offset: u64,
-    buf: AlignedBuf,
-    done: Completion,
-}
-
-struct Fetch {
-    start: u64,
-    end: u64,
-    stream: u64,
-    /// A write overlapped it while in flight: its bytes may be older.
-    stale: bool,
-    /// Sent as a client read, or promoted to one since.
-    urgent: bool,
-    waiting: Vec<Waiting>,
 }
 
 /// How a client read is answered.
@@ -130,7 +114,7 @@ struct WriteInFlight {
 struct State {
     streams: Streams,
     segments: BTreeMap<u64, Segment>,
-    fetches: BTreeMap<u64, Fetch>,
+    fetches: Fetches,
     writes: BTreeMap<u64, WriteInFlight>,
     /// Per stream, on a disk: read-aheads in the device, and those held
     /// back until it is served (see `gate`).
@@ -196,7 +180,7 @@ impl State {
         let waited_for = waited_for
             || held
                 .iter()
-                .any(|(id, _)| self.fetches.get(id).is_some_and(|f| !f.waiting.is_empty()));
+                .any(|(id, _)| self.fetches.get(*id).is_some_and(|f| !f.waiting.is_empty()));
         let mut held = if waited_for || self.streams.read_since(stream, sent_at) {
             held
         } else {
@@ -204,15 +188,16 @@ impl State {
                 self.streams.rewind(stream, first.start);
             }
             for (id, _) in &held {
-                self.fetches.remove(id);
+                self.fetches.remove(*id);
             }
             VecDeque::new()
         };
         // What the reader already read by itself need not come again.
         let frontier = self.streams.frontier(stream).unwrap_or(0);
         while let Some((id, _)) = held.front().filter(|(id, plan)| {
-            plan.end <= frontier && self.fetches.get(id).is_some_and(|f| f.waiting.is_empty())
+            plan.end <= frontier && self.fetches.get(*id).is_some_and(|f| f.waiting.is_empty())
         }) {
+            let id = *id;
             self.fetches.remove(id);
             held.pop_front();
         }
@@ -310,11 +295,7 @@ impl State {
     /// flight there stale. Returns the bytes dropped unread.
     fn invalidate(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
         let wasted = self.drop_segments(start, end, budget);
-        for fetch in self.fetches.values_mut() {
-            if overlaps((fetch.start, fetch.end), (start, end)) {
-                fetch.stale = true;
-            }
-        }
+        self.fetches.mark_stale(start, end);
         wasted
     }
 
@@ -471,11 +452,7 @@ impl ReadaheadStore {
             debug_assert!(held, "covered above");
             state.streams.held_read(stream, own);
             Ok((buf, done))
-        } else if let Some(fetch) = state
-            .fetches
-            .values_mut()
-            .find(|f| !f.stale && f.start <= offset && end <= f.end)
-        {
+        } else if let Some(fetch) = state.fetches.covering_mut(offset, end) {
             let (buf, done) = answer.whole(offset, length);
             fetch.waiting.push(Waiting { offset, buf, done });
             let promote = (!fetch.urgent).then(|| {
@@ -538,10 +515,7 @@ impl ReadaheadStore {
         let pieces = {
             let mut state = self.state();
             let busy = state.covering(offset, end).is_some()
-                || state
-                    .fetches
-                    .values()
-                    .any(|f| !f.stale && f.start <= offset && end <= f.end);
+                || state.fetches.covering_mut(offset, end).is_some();
             if busy {
                 return;
             }
@@ -626,7 +600,7 @@ impl ReadaheadStore {
 
     fn fetched(&self, id: u64, outcome: Outcome) {
         let mut state = self.state();
-        let fetch = state.fetches.remove(&id).expect("a fetch lands once");
+        let fetch = state.fetches.remove(id).expect("a fetch lands once");
         let now_ns = (self.clock)();
         // On a disk a stream has one read-ahead in the device at a time.
         if let Some(&sent_at) = state.sent_at.get(&fetch.stream) {
@@ -637,7 +611,7 @@ impl ReadaheadStore {
         // Whoever waits for a held read-ahead waits for it as for a
         // client read.
         let next = next.map(|(id, plan)| {
-            let urgent = state.fetches.get(&id).is_some_and(|f| f.urgent);
+            let urgent = state.fetches.get(id).is_some_and(|f| f.urgent);
             (id, Plan { urgent, ..plan })
         });
         let length = fetch.end - fetch.start;

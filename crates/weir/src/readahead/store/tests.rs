@@ -489,14 +489,14 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
     let sent = state.gate(plans.clone(), true, 100);
     assert_eq!(sent.len(), 1);
     // The reader read while the first was in the disk: the next goes.
-    state.fetches.remove(&1);
+    state.fetches.remove(1);
     read(&mut state, i, 150);
     assert_eq!(state.landed(stream, false, 200).map(|(id, _)| id), Some(2));
     // It did not read while the second was: the third is dropped, and the
     // stream reads ahead from its start again when its reader returns.
-    state.fetches.remove(&2);
+    state.fetches.remove(2);
     assert_eq!(state.landed(stream, false, 300), None);
-    assert!(!state.fetches.contains_key(&3));
+    assert!(!state.fetches.get(3).is_some());
     assert!(state.held.is_empty() && state.sent.is_empty());
     let dropped = plans[2].1;
     let next = (i + 1..i + 64)
