@@ -8,7 +8,7 @@
 //! (it may hold the bytes from before). Reads waiting on it then go to the
 //! store themselves.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -114,6 +114,9 @@ struct WriteInFlight {
 struct State {
     streams: Streams,
     segments: BTreeMap<u64, Segment>,
+    /// Per stream, (last use, start) of each of its segments: the least
+    /// recently used of a stream that stopped is found without a scan.
+    by_use: BTreeMap<u64, BTreeSet<(u64, u64)>>,
     fetches: Fetches,
     writes: BTreeMap<u64, WriteInFlight>,
     /// Per stream, on a disk: read-aheads in the device, and those held
@@ -258,6 +261,9 @@ impl State {
             );
             let was_passed = segment.read_end >= segment.end;
             segment.read_end = segment.read_end.max(to);
+            let used = self.by_use.entry(segment.stream).or_default();
+            used.remove(&(segment.last_use, start));
+            used.insert((self.clock, start));
             segment.last_use = self.clock;
             if !was_passed && segment.read_end >= segment.end {
                 self.passed.push_back(start);
@@ -273,18 +279,62 @@ impl State {
         true
     }
 
+    fn hold_segment(&mut self, start: u64, segment: Segment) {
+        self.by_use
+            .entry(segment.stream)
+            .or_default()
+            .insert((segment.last_use, start));
+        if let Some(old) = self.segments.insert(start, segment) {
+            self.unindex(start, &old);
+        }
+    }
+
+    fn remove_segment(&mut self, start: u64) -> Option<Segment> {
+        let segment = self.segments.remove(&start)?;
+        self.unindex(start, &segment);
+        Some(segment)
+    }
+
+    /// `by_use` lists exactly the segments held.
+    #[cfg(test)]
+    fn use_index_matches(&self) -> bool {
+        let held: BTreeSet<(u64, u64, u64)> = self
+            .segments
+            .iter()
+            .map(|(&start, s)| (s.stream, s.last_use, start))
+            .collect();
+        let indexed: BTreeSet<(u64, u64, u64)> = self
+            .by_use
+            .iter()
+            .flat_map(|(&stream, used)| used.iter().map(move |&(u, start)| (stream, u, start)))
+            .collect();
+        held == indexed && self.by_use.values().all(|used| !used.is_empty())
+    }
+
+    fn unindex(&mut self, start: u64, segment: &Segment) {
+        if let Some(used) = self.by_use.get_mut(&segment.stream) {
+            used.remove(&(segment.last_use, start));
+            if used.is_empty() {
+                self.by_use.remove(&segment.stream);
+            }
+        }
+    }
+
     /// Drop the segments overlapping `[start, end)`. Returns the bytes
     /// dropped unread.
     fn drop_segments(&mut self, start: u64, end: u64, budget: &ReadaheadBudget) -> u64 {
+        // Segments never overlap: going back from `end`, the first that
+        // ends by `start` is the last to look at.
         let doomed: Vec<u64> = self
             .segments
             .range(..end)
-            .filter(|(s, seg)| overlaps((**s, seg.end), (start, end)))
+            .rev()
+            .take_while(|(_, seg)| seg.end > start)
             .map(|(s, _)| *s)
             .collect();
         let mut wasted = 0;
         for s in doomed {
-            let segment = self.segments.remove(&s).expect("listed above");
+            let segment = self.remove_segment(s).expect("listed above");
             budget.release(segment.end - s);
             wasted += segment.end - segment.read_end.max(s);
         }
@@ -329,29 +379,26 @@ impl State {
                 .get(&start)
                 .is_some_and(|s| s.read_end >= s.end)
             {
-                let segment = self.segments.remove(&start).expect("found above");
+                let segment = self.remove_segment(start).expect("found above");
                 budget.release(segment.end - start);
             }
         }
+        // Every segment readers passed went above, so what is left is
+        // unread: a stopped stream's first, least recently used first.
         while budget.held_bytes() + bytes > budget.limit_bytes() {
             let streams = &self.streams;
-            let rank = |s: &Segment| {
-                if s.read_end >= s.end {
-                    0
-                } else if !streams.reading(s.stream, now_ns) {
-                    1
-                } else {
-                    2
-                }
+            let oldest = |reading: bool| {
+                self.by_use
+                    .iter()
+                    .filter(|(stream, _)| streams.reading(**stream, now_ns) == reading)
+                    .filter_map(|(_, used)| used.first())
+                    .min()
+                    .copied()
             };
-            let Some((&start, _)) = self
-                .segments
-                .iter()
-                .min_by_key(|(_, s)| (rank(s), s.last_use))
-            else {
+            let Some((_, start)) = oldest(false).or_else(|| oldest(true)) else {
                 break;
             };
-            let segment = self.segments.remove(&start).expect("found above");
+            let segment = self.remove_segment(start).expect("indexed");
             budget.release(segment.end - start);
             let unread_from = segment.read_end.max(start);
             if unread_from < segment.end {
@@ -664,7 +711,7 @@ impl ReadaheadStore {
             state.clock += 1;
             let last_use = state.clock;
             self.budget.hold(length);
-            state.segments.insert(
+            state.hold_segment(
                 fetch.start,
                 Segment {
                     end: fetch.end,

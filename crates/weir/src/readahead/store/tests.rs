@@ -311,6 +311,7 @@ fn reads_never_return_bytes_older_than_an_answered_write() {
             }
         }
         while held.release_one(&mut rng) {}
+        assert!(store.state().use_index_matches(), "seed {seed}");
         let budget = Arc::clone(&store.budget);
         assert!(
             budget.held_bytes() <= 2 << 20,
@@ -375,7 +376,7 @@ fn room_is_made_from_data_passed_then_stopped_streams_then_least_recently_used()
     ];
     for (start, stream, read_end, last_use) in segments {
         budget.hold(MIB);
-        state.segments.insert(
+        state.hold_segment(
             start,
             Segment {
                 end: start + MIB,
@@ -385,6 +386,9 @@ fn room_is_made_from_data_passed_then_stopped_streams_then_least_recently_used()
                 last_use,
             },
         );
+        if read_end >= start + MIB {
+            state.passed.push_back(start);
+        }
     }
     let held = |state: &State| state.segments.keys().copied().collect::<Vec<_>>();
     let mut wasted = 0;
@@ -447,6 +451,7 @@ fn passes_over_the_same_range_read_their_bytes_and_hold_no_overlapping_data() {
                 assert!(s >= end, "seed {seed}: segments overlap at {s}");
                 end = segment.end;
             }
+            assert!(state.use_index_matches(), "seed {seed}");
         }
     }
 }
@@ -496,7 +501,7 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
     // stream reads ahead from its start again when its reader returns.
     state.fetches.remove(2);
     assert_eq!(state.landed(stream, false, 300), None);
-    assert!(!state.fetches.get(3).is_some());
+    assert!(state.fetches.get(3).is_none());
     assert!(state.held.is_empty() && state.sent.is_empty());
     let dropped = plans[2].1;
     let next = (i + 1..i + 64)
