@@ -571,6 +571,7 @@ impl ReadaheadStore {
                 start: offset,
                 end,
                 urgent: false,
+                deep: false,
             };
             self.register(&mut state, plan, u64::MAX)
         };
@@ -593,8 +594,13 @@ impl ReadaheadStore {
             let end = start.saturating_add(piece_bytes).min(plan.end);
             state.next_id += 1;
             let id = state.next_id;
-            // The reader waits for the start of an urgent plan.
-            let urgent = plan.urgent && start == plan.start;
+            // The reader waits for the start of an urgent plan, and a deep
+            // client for all of its plan: read ahead in the background
+            // class, below the very reads it keeps in flight, its windows
+            // went at a fraction of the drive (16 KiB reads sixteen at a
+            // time on the NVMe model, adaptive queue: 0.89x their rate
+            // without read-ahead, 1.81x sent as client reads).
+            let urgent = plan.deep || (plan.urgent && start == plan.start);
             let stale = state.write_in_flight_over(start, end);
             state.fetches.insert(
                 id,

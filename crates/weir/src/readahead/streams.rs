@@ -131,6 +131,10 @@ pub struct Plan {
     /// Nothing is read ahead of the reader: its next read waits for the
     /// start of this range.
     pub urgent: bool,
+    /// For a client that keeps several reads of the stream in flight:
+    /// the range stands for reads it would have sent itself, and it waits
+    /// for the whole of it.
+    pub deep: bool,
 }
 
 #[derive(Debug)]
@@ -545,6 +549,7 @@ impl Streams {
             start,
             end: until,
             urgent,
+            deep: stream.reads < stream.deep_until_reads,
         };
         if self.growth.window == 0 {
             self.growth.window = first_window;
@@ -1278,6 +1283,32 @@ mod tests {
             streams.answered(stream);
         }
         planned_at
+    }
+
+    #[test]
+    fn a_deep_clients_windows_stand_for_its_own_reads_and_a_one_at_a_time_readers_do_not() {
+        let mut streams = Streams::default();
+        let length = 1 << 20;
+        let mut outstanding = Vec::new();
+        let deep_plan = (0..1000u64).find_map(|i| {
+            let (stream, plan) =
+                streams.on_read(i * length, length, 1 << 40, 4096, SIZE, i * 300_000);
+            outstanding.push(stream);
+            if outstanding.len() == 8 {
+                streams.answered(outstanding.remove(0));
+            }
+            plan
+        });
+        assert!(deep_plan.expect("a trial reads ahead").deep);
+        let mut streams = Streams::default();
+        let start = SIZE / 2;
+        let one_at_a_time = (0..1000u64).find_map(|i| {
+            let (stream, plan) =
+                streams.on_read(start + i * length, length, 1 << 40, 4096, SIZE, i * 300_000);
+            streams.answered(stream);
+            plan
+        });
+        assert!(!one_at_a_time.expect("a stream reads ahead").deep);
     }
 
     #[test]
