@@ -339,14 +339,15 @@ median over three seeds."""))
 readers through one and four connections and random readers through one,
 with blocks of 4 KiB-1 MiB at queue depths 1-16, each with readahead off
 and on, the device queue in the adaptive mode `weir serve` runs a raw
-export in with its defaults. There read-ahead is background I/O, below the
-client's own reads, and on flash a deep client whose reads already keep
-the drive busy gains little from it or loses (NVMe 16 KiB reads sixteen at
-a time: 0.89x; the lowest cell per reader is listed under the table). A client that keeps several sequential reads in flight has them
-read ahead in larger reads when a trial measures that faster (see
-[configuration.md](configuration.md#readahead)); random readers read
-nothing ahead. A fast reader goes round its 4 GiB device more than once
-in a run, and on the next pass what is still held from the last is
+export in with its defaults. A one-at-a-time reader's read-ahead is
+background I/O there, below client reads. A client that keeps several
+sequential reads in flight has them read ahead in larger reads when a
+trial measures that faster, and those windows go as client reads: they
+stand for reads it would have sent itself (see
+[configuration.md](configuration.md#readahead)). Random readers read
+nothing ahead; the lowest cell per reader is listed under the table. A
+fast reader goes round its 4 GiB device more than once in a run, and on
+the next pass what is still held from the last is
 answered from memory: that is how a few NVMe cells pass the model's
 3200 MB/s (the 1 MiB QD8 reader reads 3198 MB/s either way over one
 second)."""))
