@@ -8,6 +8,7 @@
 //!                             ├─ WRITE / TRIM / zero: drops what it
 //!                             │        overlaps, then the store
 //!                             └─ a stream's next window: async-read ──> store
+//!                                      (a deep client's: sync-read)
 //! ```
 //!
 //! weir reads with O_DIRECT, so nothing below it reads ahead; clients spread
@@ -15,7 +16,8 @@
 //! out of order, so a reader's stream is only visible on the volume.
 //! [`streams`] recognises streams and sizes their windows from the rate
 //! each window brings; [`store`] holds the data under the server-wide
-//! [`ReadaheadBudget`].
+//! [`ReadaheadBudget`], and `fetches` finds the read-aheads in flight by
+//! the range they cover.
 
 mod deep;
 mod fetches;

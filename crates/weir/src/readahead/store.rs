@@ -1,6 +1,8 @@
 //! A store with readahead in front: client reads are answered from data
 //! read ahead when it holds them, and streams' next windows are read in
-//! the async-read class, which the device queue serves below client reads.
+//! the async-read class, which the device queue serves below client reads
+//! (a deep client's windows, which stand for its own reads, as client
+//! reads).
 //!
 //! Never wrong bytes: a write, TRIM or WRITE_ZEROES drops the read-ahead
 //! data it overlaps before it goes down, and a read-ahead whose time in
