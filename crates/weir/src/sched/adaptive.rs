@@ -98,6 +98,8 @@ pub struct Adaptive {
     clean: Ewma,
     /// Clean samples still to take before background may grow again.
     clean_wanted: u32,
+    /// When the clean samples wanted now were first asked for.
+    clean_wanted_since: Nanos,
     /// Interactive samples since the last clean one.
     since_clean: u32,
     /// Background depth allowed while interactive work is present.
@@ -150,6 +152,7 @@ impl Adaptive {
             background_ns_per_byte: Ewma::default(),
             clean: Ewma::default(),
             clean_wanted: CLEAN_SAMPLES_WANTED,
+            clean_wanted_since: 0,
             since_clean: 0,
             depth: 1.0,
             window_sum: 0.0,
@@ -416,6 +419,19 @@ impl Adaptive {
         self.floors.report(class, self.floor_device(0))
     }
 
+    /// Whether the floors hold back now so that interactive I/O can be
+    /// measured with no background beside it (see `floor::Device`), for
+    /// at most as long as interactive work takes to count as gone: where
+    /// other background keeps the samples from coming, the floors go on.
+    fn measuring_clean(&self, now: Nanos) -> bool {
+        if self.clean_wanted == 0 || self.clean.get().is_none() {
+            return false;
+        }
+        let waited = now.saturating_sub(self.clean_wanted_since) as f64;
+        self.interactive_service()
+            .is_some_and(|service| waited < service * IDLE_AFTER_SERVICES)
+    }
+
     /// What the floors need to know of this device.
     fn floor_device(&self, interactive_active: u32) -> floor::Device {
         floor::Device {
@@ -423,6 +439,7 @@ impl Adaptive {
             rotational: self.rotational,
             background_io: self.background_io_cost(),
             slack: self.clean.get().map(|clean| clean * (TARGET_FACTOR - 1.0)),
+            measuring_clean: false,
         }
     }
 
@@ -438,7 +455,10 @@ impl Adaptive {
         now: Nanos,
     ) -> Option<IoClass> {
         let present = self.interactive_present(queued, now);
-        let device = self.floor_device(interactive_in_device(queued));
+        let device = floor::Device {
+            measuring_clean: self.measuring_clean(now),
+            ..self.floor_device(interactive_in_device(queued))
+        };
         self.floors.accrue(queued, present, now, device);
         for class in [IoClass::SyncRead, IoClass::SyncWrite] {
             if queued[class as usize].queued > 0 {
@@ -622,6 +642,7 @@ impl Adaptive {
         self.since_clean += 1;
         if self.since_clean >= REFRESH_AFTER_SAMPLES && self.clean_wanted == 0 {
             self.clean_wanted = CLEAN_SAMPLES_WANTED;
+            self.clean_wanted_since = now;
         }
         let Some(clean) = self.clean.get() else {
             return;
