@@ -593,15 +593,26 @@ fn adaptive_floors_writeback_resilver_and_scrub_beside_a_reader_that_never_pause
     );
 }
 
-#[test]
-fn a_floor_waits_while_the_clean_latency_is_measured_again() {
-    // A reader that never pauses (its next read goes as the last one
-    // completes) beside a resilver, on a device that serves one I/O at a
-    // time in order, 10 ms each: the resilver I/O sent behind a read is
-    // still there when the next read comes. Long enough that the clean
-    // latency is due to be taken again.
+/// What a reader that never pauses (its next read goes as the last one
+/// completes) and a resilver got on a device that serves one I/O at a
+/// time in order, 10 ms each: the resilver I/O sent behind a read is
+/// still there when the next read comes. With `stuck`, another
+/// background I/O never leaves the device, so no read is ever clean.
+struct BesideResilver {
+    /// The most reads in a row that found no resilver I/O in the device
+    /// and saw none sent while they were there.
+    alone_in_a_row: u32,
+    /// The resilver's share of the device time after the first 1000 reads.
+    late_share: f64,
+}
+
+fn reader_beside_resilver(reads_max: u64, stuck: bool) -> BesideResilver {
     let mut queue = IoQueue::new(Mode::Adaptive, true);
     let mut now = clean_reads(&mut queue, 0, 10_000_000);
+    if stuck {
+        queue.enqueue(io(9_999, BACKGROUND, 1 << 40, 4096), now);
+        assert_eq!(drain(&mut queue, now).len(), 1, "the stuck I/O goes");
+    }
     for id in 0..4000 {
         queue.enqueue(io(10_000 + id, IoClass::Resilver, id << 20, 1 << 20), now);
     }
@@ -610,20 +621,19 @@ fn a_floor_waits_while_the_clean_latency_is_measured_again() {
     queue.enqueue(io(100, IoClass::SyncRead, 0, 4096), now);
     device.extend(drain(&mut queue, now));
     let (mut read_ns, mut resilver_ns) = (0u64, 0u64);
-    // Reads that found no resilver I/O in the device and saw none sent
-    // while they were there, in a row.
-    let (mut alone_run, mut alone_run_max) = (0, 0);
+    let (mut alone_run, mut alone_in_a_row) = (0, 0);
     let mut read_alone = false;
-    while reads < 2000 {
+    while reads < reads_max {
         let d: Dispatch = device.pop_front().expect("the reader keeps a read queued");
         now += 10_000_000;
         queue.complete(d.id, now);
+        let late = u64::from(reads >= 1000);
         if d.class.is_sync() {
-            read_ns += 10_000_000;
+            read_ns += late * 10_000_000;
             reads += 1;
             if read_alone {
                 alone_run += 1;
-                alone_run_max = alone_run_max.max(alone_run);
+                alone_in_a_row = alone_in_a_row.max(alone_run);
             } else {
                 alone_run = 0;
             }
@@ -633,65 +643,46 @@ fn a_floor_waits_while_the_clean_latency_is_measured_again() {
                 now,
             );
         } else {
-            resilver_ns += 10_000_000;
+            resilver_ns += late * 10_000_000;
         }
         let sent = drain(&mut queue, now);
         read_alone &= sent.iter().all(|s| s.class.is_sync());
         device.extend(sent);
     }
+    BesideResilver {
+        alone_in_a_row,
+        late_share: resilver_ns as f64 / (read_ns + resilver_ns) as f64,
+    }
+}
+
+#[test]
+fn a_floor_waits_while_the_clean_latency_is_measured_again() {
+    // Long enough that the clean latency is due to be taken again.
+    let run = reader_beside_resilver(2000, false);
     // Clean samples need reads with no background beside them. A floor
     // that kept sending while they were wanted left none, and background
     // got no depth again, only its floor.
     assert!(
-        alone_run_max >= 8,
-        "at most {alone_run_max} reads in a row went alone"
+        run.alone_in_a_row >= 8,
+        "at most {} reads in a row went alone",
+        run.alone_in_a_row
     );
-    // The floor still holds over the run.
-    let share = resilver_ns as f64 / (read_ns + resilver_ns) as f64;
+    // The floor still holds.
     assert!(
-        (0.2..=0.4).contains(&share),
-        "resilver got {share:.3} of the device"
+        (0.2..=0.4).contains(&run.late_share),
+        "resilver got {:.3} of the device",
+        run.late_share
     );
 }
 
 #[test]
 fn a_floor_waits_for_clean_samples_only_so_long() {
-    // As above, with another background I/O that never leaves the device:
-    // no read is ever clean, and the floor must not wait for one forever.
-    let mut queue = IoQueue::new(Mode::Adaptive, true);
-    let mut now = clean_reads(&mut queue, 0, 10_000_000);
-    queue.enqueue(io(9_999, BACKGROUND, 1 << 40, 4096), now);
-    assert_eq!(drain(&mut queue, now).len(), 1, "the stuck I/O goes");
-    for id in 0..4000 {
-        queue.enqueue(io(10_000 + id, IoClass::Resilver, id << 20, 1 << 20), now);
-    }
-    let mut device = std::collections::VecDeque::new();
-    let mut reads = 0;
-    queue.enqueue(io(100, IoClass::SyncRead, 0, 4096), now);
-    device.extend(drain(&mut queue, now));
-    // Device time each got after the clean latency was due again.
-    let (mut read_ns, mut resilver_ns) = (0u64, 0u64);
-    while reads < 3000 {
-        let d: Dispatch = device.pop_front().expect("the reader keeps a read queued");
-        now += 10_000_000;
-        queue.complete(d.id, now);
-        let late = reads >= 1000;
-        if d.class.is_sync() {
-            read_ns += u64::from(late) * 10_000_000;
-            reads += 1;
-            queue.enqueue(
-                io(100 + reads, IoClass::SyncRead, (reads * 7) << 20, 4096),
-                now,
-            );
-        } else {
-            resilver_ns += u64::from(late) * 10_000_000;
-        }
-        device.extend(drain(&mut queue, now));
-    }
-    let share = resilver_ns as f64 / (read_ns + resilver_ns) as f64;
+    // No read is ever clean: the floor must not wait for one forever.
+    let run = reader_beside_resilver(3000, true);
     assert!(
-        (0.2..=0.4).contains(&share),
-        "resilver got {share:.3} of the device"
+        (0.2..=0.4).contains(&run.late_share),
+        "resilver got {:.3} of the device",
+        run.late_share
     );
 }
 
