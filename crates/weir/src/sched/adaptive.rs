@@ -419,10 +419,11 @@ impl Adaptive {
         self.floors.report(class, self.floor_device(0))
     }
 
-    /// Whether the floors hold back now so that interactive I/O can be
-    /// measured with no background beside it (see `floor::Device`), for
-    /// at most as long as interactive work takes to count as gone: where
-    /// other background keeps the samples from coming, the floors go on.
+    /// Whether clean samples are wanted now, so that the floors that wait
+    /// for them (a scrub's and a resilver's on a disk, see
+    /// `floor::Device`) hold back: for at most as long as interactive work
+    /// takes to count as gone, since where other background keeps the
+    /// samples from coming the floors must go on.
     fn measuring_clean(&self, now: Nanos) -> bool {
         if self.clean_wanted == 0 || self.clean.get().is_none() {
             return false;
