@@ -539,6 +539,20 @@ impl PoolData {
         self.closing.load(Ordering::SeqCst)
     }
 
+    /// Drop `pool` once this is its last reference, waiting at most `wait`
+    /// for a request's completion to let go of it, so that the clean close
+    /// (flush, clean logs, released labels) runs here and now: not later on
+    /// a device's completion thread, which cannot wait on the devices and
+    /// could rewrite labels after the pool is opened again. False if it was
+    /// still held: it then closes when its last holder lets go.
+    pub fn close_when_released(pool: Arc<Self>, wait: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + wait;
+        while Arc::strong_count(&pool) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Arc::strong_count(&pool) == 1
+    }
+
     /// Drop the pool as a crash would: nothing flushed, the log left dirty.
     #[cfg(any(test, feature = "fuzzing"))]
     fn crash(self: Arc<Self>) {

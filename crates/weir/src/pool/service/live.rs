@@ -5,7 +5,7 @@
 //! it opens itself when no server runs.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
@@ -290,19 +290,12 @@ impl PoolService {
         }
         pool.close();
         self.pools.write().retain(|p| p.name() != name);
-        // The pool closes cleanly (labels released, logs clean) when the
-        // last holder lets go: here, not on a completion's thread.
-        let deadline = Instant::now() + POOL_RELEASE_WAIT;
-        while Arc::strong_count(&pool) > 1 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if Arc::strong_count(&pool) > 1 {
+        if !PoolData::close_when_released(pool, POOL_RELEASE_WAIT) {
             tracing::error!(
                 pool = name,
                 "still held after {POOL_RELEASE_WAIT:?}; it closes when its last request ends"
             );
         }
-        drop(pool);
         tracing::info!(pool = name, "pool closed");
         Ok(())
     }

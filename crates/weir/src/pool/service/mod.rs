@@ -482,10 +482,9 @@ impl Drop for PoolService {
     /// device's completion could not do.
     fn drop(&mut self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        for pool in self.pools.get_mut().iter() {
-            while Arc::strong_count(pool) > 1 && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        for pool in self.pools.get_mut().drain(..) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            PoolData::close_when_released(pool, left);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Membership that cannot go backwards: members that miss writes and
 //! come back, and labels that are lost.
 
-use super::{pattern, read, Fixture, CHUNK_BYTES};
+use super::{close, pattern, read, Fixture, CHUNK_BYTES};
 use crate::device::Device;
 use crate::pool::mirror::Health;
 
@@ -13,13 +13,13 @@ fn a_member_absent_at_start_up_returns_stale_and_is_rebuilt_never_read() {
     let new = pattern(2, length);
     let pool = fixture.open();
     pool.write(0, &old, true).unwrap();
-    drop(pool);
+    close(pool);
 
     // Member 0 is away for one run of the server, which writes NEW.
     let pool = fixture.open_without(&[0]);
     assert_eq!(pool.state_name(), "DEGRADED");
     pool.write(0, &new, true).unwrap();
-    drop(pool);
+    close(pool);
 
     // It returns holding OLD: it must not serve, nor be a repair source.
     let pool = fixture.open();
@@ -33,7 +33,7 @@ fn a_member_absent_at_start_up_returns_stale_and_is_rebuilt_never_read() {
     assert_eq!(pool.groups[0].slots[0].health(), Health::Online);
     let start = fixture.data_start();
     assert_eq!(fixture.disks[0].peek(start, length), new, "rebuilt");
-    drop(pool);
+    close(pool);
 
     // Whole again: a restart finds both members current.
     let pool = fixture.open();
@@ -47,7 +47,7 @@ fn a_member_whose_labels_are_destroyed_is_unavailable_and_the_pool_serves() {
     let data = pattern(3, CHUNK_BYTES as usize);
     let pool = fixture.open();
     pool.write(0, &data, true).unwrap();
-    drop(pool);
+    close(pool);
     let disk = &fixture.disks[0];
     let end = disk.info().size_bytes - 4096;
     for offset in [0, end] {

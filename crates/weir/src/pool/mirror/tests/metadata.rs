@@ -1,7 +1,7 @@
 //! Metadata that heals like data: damaged checksum entries and dirty-log
 //! pages on one copy.
 
-use super::{pattern, read, Fixture, CHUNK_BYTES};
+use super::{close, pattern, read, Fixture, CHUNK_BYTES};
 use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES};
 
 use super::DISK_BYTES;
@@ -16,7 +16,7 @@ fn a_corrupt_checksum_entry_on_one_copy_is_outvoted_at_open_and_rewritten() {
     let data = pattern(5, CHUNK_BYTES as usize);
     let pool = fixture.open();
     pool.write(0, &data, true).unwrap();
-    drop(pool);
+    close(pool);
     // Block 3's entry on the first member: one bit of its crc.
     let entry = regions().checksums.0 + 3 * CHECKSUM_ENTRY_BYTES;
     fixture.disks[0].flip_bit(entry + 1, 4);
@@ -37,7 +37,7 @@ fn the_same_entry_corrupt_on_every_copy_is_rebuilt_from_the_data() {
     let data = pattern(6, CHUNK_BYTES as usize);
     let pool = fixture.open();
     pool.write(0, &data, true).unwrap();
-    drop(pool);
+    close(pool);
     let entry = regions().checksums.0 + 7 * CHECKSUM_ENTRY_BYTES;
     fixture.disks[0].flip_bit(entry + 6, 0);
     fixture.disks[1].flip_bit(entry + 2, 5);
@@ -62,7 +62,7 @@ fn a_scrub_rewrites_a_checksum_page_damaged_while_serving() {
         fixture.disks[0].peek(page, 4096),
         fixture.disks[1].peek(page, 4096)
     );
-    drop(pool);
+    close(pool);
     let pool = fixture.open();
     assert_eq!(read(&pool, 0, data.len()).unwrap(), data);
 }

@@ -493,7 +493,7 @@ impl Run {
             self.crash_and_recover()
         } else {
             self.history.push("clean restart".into());
-            drop(self.pool.take());
+            super::close(self.pool.take().expect("open"));
             self.reopen();
             self.check_volume_tables("after a clean restart")
         }
