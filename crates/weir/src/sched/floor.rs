@@ -248,22 +248,23 @@ impl Floors {
             let activity = queued[class as usize];
             floor.accruing = interactive_present && (activity.queued > 0 || activity.active > 0);
         }
+        let shares = FLOORED.map(|c| self.class[c as usize].share(c, device));
         let total: f64 = FLOORED
             .iter()
-            .filter(|c| self.class[**c as usize].accruing)
-            .map(|c| self.class[*c as usize].share(*c, device))
+            .zip(shares)
+            .filter(|(c, _)| self.class[**c as usize].accruing)
+            .map(|(_, share)| share)
             .sum();
         let scale = if total > FLOORS_TOTAL_MAX {
             FLOORS_TOTAL_MAX / total
         } else {
             1.0
         };
-        for class in FLOORED {
+        for (class, share) in FLOORED.into_iter().zip(shares) {
             let floor = &mut self.class[class as usize];
             let Some(max) = floor.credit_max(class, device) else {
                 continue;
             };
-            let share = floor.share(class, device);
             if floor.accruing {
                 floor.credit = (floor.credit + elapsed * share * scale).min(max);
             } else {

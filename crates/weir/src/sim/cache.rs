@@ -15,7 +15,9 @@
 //! ```
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -161,12 +163,12 @@ impl SimCache {
                 Vec::new()
             },
             in_flight: vec![0; rotational.len()],
-            writebacks: HashMap::new(),
-            parts: HashMap::new(),
-            directs: HashMap::new(),
+            writebacks: HashMap::default(),
+            parts: HashMap::default(),
+            directs: HashMap::default(),
             directs_ready: VecDeque::new(),
-            direct_parts: HashMap::new(),
-            read_parts: HashMap::new(),
+            direct_parts: HashMap::default(),
+            read_parts: HashMap::default(),
             replies: BinaryHeap::new(),
             next_tick: nanos(SETTLE_TICK),
             last_written: 0,

@@ -15,7 +15,9 @@
 //! ```
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::device::model::{IoKind, ModelIo, ModelSpec, Nanos, TimingModel, NANOS_PER_MS};
 use crate::pool::mirror::select::{Choice, MirrorSelector, ReadPolicy, ReadRequest};
@@ -249,17 +251,17 @@ impl Simulation {
         Ok(Simulation {
             devices,
             jobs,
-            pending: HashMap::new(),
-            parts: HashMap::new(),
+            pending: HashMap::default(),
+            parts: HashMap::default(),
             failing: BinaryHeap::new(),
             thinking: BinaryHeap::new(),
             handing_at: BinaryHeap::new(),
-            handing: HashMap::new(),
+            handing: HashMap::default(),
             next_id: 1,
             scrub_turn: 0,
             scrub_next: None,
             selector: MirrorSelector::new(ReadPolicy::default(), specs.len()),
-            choices: HashMap::new(),
+            choices: HashMap::default(),
             reads_per_device: vec![0; specs.len()],
             reads_timeline: Vec::new(),
             reads_per_job: vec![vec![0; specs.len()]; job_count],
