@@ -566,6 +566,8 @@ class Startup(unittest.TestCase):
                 for name in ("demo-0.img", "demo-1.img", "pools.toml", "admin.addr"):
                     self.assertEqual(stat.S_IMODE(os.stat(os.path.join(data, name)).st_mode), 0o600, name)
                 self.assertEqual(weir.stop(), 0)
+                # The pool closed as the server stopped: nothing held it.
+                self.assertNotIn("still held", weir.logs())
             for name in ("demo-0.img", "demo-1.img", "pools.toml"):
                 self.assertTrue(os.path.exists(os.path.join(data, name)), name)
             status = run(WEIR, "pool", "status", "demo", "--data-dir", data).stdout

@@ -481,10 +481,21 @@ impl Drop for PoolService {
     /// they let go: closing waits on the devices, which the thread of a
     /// device's completion could not do.
     fn drop(&mut self) {
+        // The host's exports hold the pools' volumes, and so the pools:
+        // they let go first, or every pool would wait out the deadline.
+        drop(self.host.take());
+        self.caches.get_mut().clear();
+        self.readaheads.get_mut().clear();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         for pool in self.pools.get_mut().drain(..) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            PoolData::close_when_released(pool, left);
+            let name = pool.name().to_string();
+            if !PoolData::close_when_released(pool, left) {
+                tracing::warn!(
+                    pool = name,
+                    "still held at shutdown; it closes when its last request ends"
+                );
+            }
         }
     }
 }
