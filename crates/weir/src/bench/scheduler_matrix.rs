@@ -158,36 +158,43 @@ struct Runner {
     seed: u64,
 }
 
-impl Runner {
-    fn run(&mut self, label: String, target: &Target, texts: &[String]) -> anyhow::Result<Run> {
-        let mut runs = self.run_all(vec![(label, target.clone(), texts.to_vec())])?;
-        Ok(runs.remove(0))
-    }
+/// One simulation to run: its label, target and jobs.
+type Spec = (String, Target, Vec<String>);
 
-    /// Runs side by side, one thread each: every simulation is its own,
-    /// seeded, and gives the same result on any thread.
-    fn run_all(&mut self, specs: Vec<(String, Target, Vec<String>)>) -> anyhow::Result<Vec<Run>> {
+impl Runner {
+    /// Runs side by side, as many at once as there are CPUs, each thread
+    /// taking the next: every simulation is its own, seeded, and gives the
+    /// same result on any thread. The results come back in `specs`' order.
+    fn run_all(&self, specs: Vec<Spec>) -> anyhow::Result<Vec<Run>> {
         let (seconds, seed) = (self.seconds, self.seed);
-        let runs: Vec<anyhow::Result<Run>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = specs
-                .iter()
-                .map(|(label, target, texts)| {
-                    scope.spawn(move || {
-                        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-                        run_jobs(label, target, &jobs(&texts), seconds, seed)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a simulation thread panicked"))
-                .collect()
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<parking_lot::Mutex<Option<anyhow::Result<Run>>>> = specs
+            .iter()
+            .map(|_| parking_lot::Mutex::new(None))
+            .collect();
+        std::thread::scope(|scope| {
+            for _ in 0..threads.min(specs.len()) {
+                scope.spawn(|| loop {
+                    let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((label, target, texts)) = specs.get(index) else {
+                        return;
+                    };
+                    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+                    let run = run_jobs(label, target, &jobs(&texts), seconds, seed);
+                    *results[index].lock() = Some(run);
+                });
+            }
         });
-        runs.into_iter().collect()
+        results
+            .into_iter()
+            .map(|r| r.into_inner().expect("every run finished"))
+            .collect()
     }
 }
 
-fn loads(runner: &mut Runner, name: &str, device: &str) -> anyhow::Result<Vec<Load>> {
+/// The loads of one device, given what its reader and writers do alone.
+fn loads(alone: &Alone) -> Vec<Load> {
     let mut loads = Vec::new();
     for qd in [1, 2, 4, 8] {
         for bs in ["4k", "16k", "128k"] {
@@ -199,48 +206,17 @@ fn loads(runner: &mut Runner, name: &str, device: &str) -> anyhow::Result<Vec<Lo
             });
         }
     }
-    let target = pool(device, Mode::Adaptive, false)?;
-    let alone = runner.run(
-        format!("matrix-{name}-reader-alone"),
-        &target,
-        &["name=reader,rw=randread,bs=4k,qd=1".to_string()],
-    )?;
-    let rate = (stream(&alone, "reader").iops / 2.0).max(1.0) as u64;
+    let rate = (stream(&alone.reader, "reader").iops / 2.0).max(1.0) as u64;
     loads.push(Load {
         label: "4k open".into(),
         jobs: vec![format!("name=reader,rw=randread,bs=4k,qd=8,rate={rate}/s")],
         cached: false,
         writer_pace_mb: None,
     });
-    let writers = [
-        (
-            "4k qd1 + seq 1m writer",
-            "4k",
-            1,
-            "rw=write,bs=1m,qd=4",
-            1.0,
-        ),
-        (
-            "16k qd4 + rand 64k writer",
-            "16k",
-            4,
-            "rw=randwrite,bs=64k,qd=2",
-            1.0 / 16.0,
-        ),
-    ];
-    let cached = pool(device, Mode::Adaptive, true)?;
-    for (label, bs, qd, writer, mib) in writers {
-        let alone = runner.run(
-            format!(
-                "matrix-{name}-writer-alone-{}",
-                writer.replace([',', '='], "-")
-            ),
-            &cached,
-            &[format!("name=writer,{writer}")],
-        )?;
-        let pace = (stream(&alone, "writer").iops * WRITER_PACE_FRACTION).max(1.0) as u64;
+    for ((label, bs, qd, writer, mib), alone) in WRITERS.iter().zip(&alone.writers) {
+        let pace = (stream(alone, "writer").iops * WRITER_PACE_FRACTION).max(1.0) as u64;
         loads.push(Load {
-            label: label.into(),
+            label: (*label).into(),
             jobs: vec![
                 format!("name=reader,rw=randread,bs={bs},qd={qd}"),
                 format!("name=writer,{writer},rate={pace}/s"),
@@ -249,32 +225,108 @@ fn loads(runner: &mut Runner, name: &str, device: &str) -> anyhow::Result<Vec<Lo
             writer_pace_mb: Some(pace as f64 * mib * 1.048576),
         });
     }
-    Ok(loads)
+    loads
+}
+
+/// Readers beside writers: (label, reader block size, reader depth,
+/// writer, MiB per writer I/O).
+const WRITERS: [(&str, &str, u32, &str, f64); 2] = [
+    (
+        "4k qd1 + seq 1m writer",
+        "4k",
+        1,
+        "rw=write,bs=1m,qd=4",
+        1.0,
+    ),
+    (
+        "16k qd4 + rand 64k writer",
+        "16k",
+        4,
+        "rw=randwrite,bs=64k,qd=2",
+        1.0 / 16.0,
+    ),
+];
+const BACKGROUNDS: [&str; 2] = ["scrub", "resilver"];
+
+/// What one device does with each job alone: the references the loads
+/// and the background shares are taken from.
+struct Alone {
+    reader: Run,
+    writers: Vec<Run>,
+    /// Per background kind, in `BACKGROUNDS`' order.
+    background_mb: Vec<f64>,
+}
+
+fn alone_specs(name: &str, device: &str) -> anyhow::Result<Vec<Spec>> {
+    let plain = pool(device, Mode::Adaptive, false)?;
+    let cached = pool(device, Mode::Adaptive, true)?;
+    let mut specs = vec![(
+        format!("matrix-{name}-reader-alone"),
+        plain.clone(),
+        vec!["name=reader,rw=randread,bs=4k,qd=1".to_string()],
+    )];
+    for (_, _, _, writer, _) in WRITERS {
+        specs.push((
+            format!(
+                "matrix-{name}-writer-alone-{}",
+                writer.replace([',', '='], "-")
+            ),
+            cached.clone(),
+            vec![format!("name=writer,{writer}")],
+        ));
+    }
+    for background in BACKGROUNDS {
+        specs.push((
+            format!("matrix-{name}-{background}-alone"),
+            plain.clone(),
+            vec![background_job(background)],
+        ));
+    }
+    Ok(specs)
+}
+
+fn modes(background: &str) -> &'static [Mode] {
+    if background == "scrub" {
+        &MODES
+    } else {
+        &[Mode::Zfs, Mode::Adaptive]
+    }
 }
 
 /// Run the matrix: every load beside a scrub under every mode, and beside
-/// a resilver under zfs and adaptive, on each device model.
+/// a resilver under zfs and adaptive, on each device model. The runs
+/// alone go first, all at once, then every cell's runs.
 pub fn run(seconds: f64, seed: u64) -> anyhow::Result<Matrix> {
-    let mut runner = Runner { seconds, seed };
-    let mut cells = Vec::new();
+    let runner = Runner { seconds, seed };
+    let mut specs = Vec::new();
     for (name, device) in DEVICES {
-        let loads = loads(&mut runner, name, device)?;
-        for background in ["scrub", "resilver"] {
-            let idle_target = pool(device, Mode::Adaptive, false)?;
-            let idle = runner.run(
-                format!("matrix-{name}-{background}-alone"),
-                &idle_target,
-                &[background_job(background)],
-            )?;
-            let idle_background_mb = stream(&idle, "background").mb_per_s;
-            let modes: &[Mode] = if background == "scrub" {
-                &MODES
-            } else {
-                &[Mode::Zfs, Mode::Adaptive]
-            };
+        specs.extend(alone_specs(name, device)?);
+    }
+    let per_device = specs.len() / DEVICES.len();
+    let mut runs = runner.run_all(specs)?.into_iter();
+    let mut alone = Vec::new();
+    for _ in DEVICES {
+        let mut device: Vec<Run> = runs.by_ref().take(per_device).collect();
+        let background_mb = device
+            .split_off(1 + WRITERS.len())
+            .iter()
+            .map(|run| stream(run, "background").mb_per_s)
+            .collect();
+        let reader = device.remove(0);
+        alone.push(Alone {
+            reader,
+            writers: device,
+            background_mb,
+        });
+    }
+    // Every cell: (device, load, background), with its specs, one per mode.
+    let mut layout = Vec::new();
+    let mut specs = Vec::new();
+    for ((name, device), alone) in DEVICES.iter().zip(&alone) {
+        let loads = loads(alone);
+        for (b, background) in BACKGROUNDS.iter().enumerate() {
             for load in &loads {
-                let mut specs = Vec::new();
-                for mode in modes {
+                for mode in modes(background) {
                     let mut texts = load.jobs.clone();
                     texts.push(background_job(background));
                     let label = format!(
@@ -284,30 +336,42 @@ pub fn run(seconds: f64, seed: u64) -> anyhow::Result<Matrix> {
                     );
                     specs.push((label, pool(device, *mode, load.cached)?, texts));
                 }
-                let runs = runner.run_all(specs)?;
-                let mut by_mode = Vec::new();
-                for (mode, run) in modes.iter().zip(&runs) {
-                    let reader = stream(run, "reader");
-                    by_mode.push((
-                        *mode,
-                        Figures {
-                            iops: reader.iops,
-                            p99_us: reader.latency_us.p99,
-                            background_mb: stream(run, "background").mb_per_s,
-                            writer_mb: load.cached.then(|| stream(run, "writer").mb_per_s),
-                        },
-                    ));
-                }
-                cells.push(Cell {
-                    device: name,
-                    load: load.label.clone(),
-                    background,
-                    idle_background_mb,
-                    writer_pace_mb: load.writer_pace_mb,
-                    by_mode,
-                });
+                layout.push((
+                    *name,
+                    load.label.clone(),
+                    *background,
+                    alone.background_mb[b],
+                    load.writer_pace_mb,
+                    load.cached,
+                ));
             }
         }
+    }
+    let mut runs = runner.run_all(specs)?.into_iter();
+    let mut cells = Vec::new();
+    for (device, load, background, idle_background_mb, writer_pace_mb, cached) in layout {
+        let mut by_mode = Vec::new();
+        for mode in modes(background) {
+            let run = runs.next().expect("one run per mode of every cell");
+            let reader = stream(&run, "reader");
+            by_mode.push((
+                *mode,
+                Figures {
+                    iops: reader.iops,
+                    p99_us: reader.latency_us.p99,
+                    background_mb: stream(&run, "background").mb_per_s,
+                    writer_mb: cached.then(|| stream(&run, "writer").mb_per_s),
+                },
+            ));
+        }
+        cells.push(Cell {
+            device,
+            load,
+            background,
+            idle_background_mb,
+            writer_pace_mb,
+            by_mode,
+        });
     }
     Ok(Matrix {
         table: table(&cells),
