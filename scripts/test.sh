@@ -31,14 +31,15 @@ echo "== module layout: no import circles (at ${SECONDS}s)"
 /usr/bin/python3 scripts/import-graph.py
 echo "== cargo clippy (at ${SECONDS}s)"
 cargo clippy --all-targets -- -D warnings
+# Unit tests in the release profile, which keeps overflow checks: with
+# line-table debug info it builds faster than the test profile, and the
+# integration tests' binary then shares most of that build.
 echo "== unit tests (at ${SECONDS}s)"
-cargo test --all
-# The test profile is optimised and keeps overflow checks: the same
-# binary as the unit tests, no second build.
+cargo test --all --release
 echo "== pool torture test: 2000 more seeds (at ${SECONDS}s)"
-WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=2000 cargo test -p weir --lib every_seed_keeps_flushed_data
+WEIR_SIM_FIRST=1000 WEIR_SIM_SEEDS=2000 cargo test --release -p weir --lib every_seed_keeps_flushed_data
 echo "== write-back cache torture test: 5000 seeds (at ${SECONDS}s)"
-WEIR_CACHE_SEEDS=5000 cargo test -p weir --lib every_seed_keeps_flushed_writes
+WEIR_CACHE_SEEDS=5000 cargo test --release -p weir --lib every_seed_keeps_flushed_writes
 echo "== fuzz targets, briefly (at ${SECONDS}s; scripts/fuzz.sh 600 runs each for ten minutes)"
 scripts/fuzz.sh 10
 echo "== building the release binary for integration tests (at ${SECONDS}s)"

@@ -235,7 +235,7 @@ impl<F, D> DirtyMap<F, D> {
     }
 
     fn add_in_flight(&mut self, id: u64, start: u64, end: u64, oldest: Option<u64>) {
-        debug_assert!(
+        assert!(
             start == end || !self.in_flight_overlaps(start, end),
             "store ops in flight never overlap"
         );

@@ -498,7 +498,7 @@ impl ReadaheadStore {
                 .iter()
                 .all(|start| state.segments[start].stream == stream);
             let held = state.take_from_segments(offset, &mut buf);
-            debug_assert!(held, "covered above");
+            assert!(held, "covered above");
             state.streams.held_read(stream, own);
             Ok((buf, done))
         } else if let Some(fetch) = state.fetches.covering_mut(offset, end) {

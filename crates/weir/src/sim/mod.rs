@@ -338,7 +338,7 @@ impl Simulation {
                     .set_slowdown(device.spec.faults.latency_factor(now));
                 device.model.advance(now, &mut done);
                 for (id, at) in done.drain(..) {
-                    debug_assert_eq!(at, now, "the loop stops at every completion");
+                    assert_eq!(at, now, "the loop stops at every completion");
                     let ios = self.devices[index].queue.complete(id, at);
                     for io in ios {
                         self.part_done(io.id, at);

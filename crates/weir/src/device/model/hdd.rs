@@ -401,7 +401,10 @@ impl Hdd {
 
     /// The head is free at `now`: start the next request, or destage.
     fn start_next(&mut self, now: Nanos) {
-        debug_assert!(self.current.is_none());
+        assert!(
+            self.current.is_none(),
+            "the head serves one request at a time"
+        );
         if let Some(index) = self.pick(now) {
             let queued = self.queue.remove(index).expect("picked index exists");
             let done_at = self.serve(&queued.io, now).max(now);
