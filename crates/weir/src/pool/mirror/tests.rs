@@ -21,7 +21,6 @@ use disk::SimDisk;
 
 use super::select::ReadPolicy;
 use super::{Health, PoolData, CHUNK_BYTES, DATA_BLOCK_BYTES};
-use crate::device::Device;
 use crate::pool::geometry::DeviceRegions;
 use crate::pool::import::import_devices;
 use crate::pool::label::{Label, Layout};
@@ -83,7 +82,7 @@ impl Fixture {
             .zip(&self.disks)
             .enumerate()
             .filter(|(i, _)| !absent.contains(i))
-            .map(|(_, (n, d))| (n.clone(), Arc::clone(d) as Arc<dyn Device>))
+            .map(|(_, (n, d))| (n.clone(), SimDisk::handle(d)))
             .collect();
         let imported = import_devices(&self.names, opened, true).expect("import");
         PoolData::open_with_workers(&imported, 1).expect("open")
@@ -130,6 +129,37 @@ fn ops_of(pool: &Arc<PoolData>, class: IoClass) -> Vec<u64> {
         .iter()
         .map(|(_, attached)| attached.queue.counters(class).ops.load(Ordering::Relaxed))
         .collect()
+}
+
+/// Write `byte` over the disk's first 4 KiB through `device`.
+fn write_page(device: &dyn crate::device::Device, byte: u8) -> std::io::Result<()> {
+    let mut buf = crate::device::AlignedBuf::new(4096);
+    buf.as_mut_slice().fill(byte);
+    let op = crate::device::DeviceOp::Write {
+        offset: 0,
+        buf: buf.into(),
+        durable: false,
+    };
+    crate::device::run_sync(device, op).result
+}
+
+#[test]
+fn a_power_loss_cuts_the_handles_opened_before_it() {
+    let disk = Arc::new(SimDisk::new("d", 1 << 20));
+    let before = disk.handle();
+    write_page(before.as_ref(), 1).expect("a live handle writes");
+    disk.power_loss(&mut Rng::new(1));
+    let after = disk.handle();
+    let refused = write_page(before.as_ref(), 2).expect_err("a cut handle writes nothing");
+    assert_eq!(refused.raw_os_error(), Some(libc::ENXIO));
+    assert_eq!(disk.refused_after_power_loss(), 1);
+    let page = disk.peek(0, 4096);
+    assert!(
+        page.iter().all(|b| *b == page[0]) && page[0] != 2,
+        "the cut handle's write reached the disk"
+    );
+    write_page(after.as_ref(), 3).expect("a handle made after the power loss writes");
+    assert!(disk.peek(0, 4096).iter().all(|b| *b == 3));
 }
 
 #[test]
@@ -213,7 +243,7 @@ fn a_vanished_member_is_faulted_the_pool_keeps_serving_and_a_replacement_resilve
 
     // A blank disk takes its place and is resilvered.
     let fresh = Arc::new(SimDisk::new("fresh", DISK_BYTES));
-    pool.attach_replacement(0, 1, Arc::clone(&fresh) as Arc<dyn Device>, "fresh", 999)
+    pool.attach_replacement(0, 1, fresh.handle(), "fresh", 999)
         .unwrap();
     assert_eq!(pool.groups[0].slots[1].health(), Health::Resilvering);
     pool.resilver_now(0, 1);

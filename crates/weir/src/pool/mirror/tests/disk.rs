@@ -1,7 +1,10 @@
 //! A device for deterministic pool tests: sparse pages in memory, a
 //! volatile write cache that a simulated power loss drops or tears, and
 //! injected faults. Every op completes on the caller's thread, so a test
-//! driven by one seeded generator replays exactly.
+//! driven by one seeded generator replays exactly. A pool opens the disk
+//! through a handle (`SimDisk::handle`) that a power loss cuts: what the
+//! crashed pool's threads still send afterwards fails and lands nowhere,
+//! as a machine without power writes nothing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -33,13 +36,21 @@ struct State {
     /// With a limit, a write that needs more pages lands up to the first
     /// page that does not fit and fails with ENOSPC (a full file system).
     pages_max: Option<usize>,
+    /// Power losses so far: a handle opened before the last one is cut.
+    power_epoch: u64,
+    /// Ops refused because their handle was cut.
+    refused_after_power_loss: u64,
 }
+
+/// A write held at its disk: the disk, the power epoch of the handle it
+/// came through (none if sent to the disk itself), the op, its completion.
+type HeldWrite = (Arc<SimDisk>, Option<u64>, DeviceOp, Completion);
 
 /// Writes held back from several disks, completed together when any of
 /// them is asked to flush: a write in flight across flushes, made exact.
 #[derive(Default)]
 pub struct Gate {
-    held: Mutex<Vec<(Arc<SimDisk>, DeviceOp, Completion)>>,
+    held: Mutex<Vec<HeldWrite>>,
     /// Flushes pass held writes by until this is set.
     armed: std::sync::atomic::AtomicBool,
     /// Runs after the held writes complete and before the flush does.
@@ -71,9 +82,9 @@ impl Gate {
         if held.is_empty() {
             return;
         }
-        for (disk, op, done) in held {
+        for (disk, epoch, op, done) in held {
             disk.state.lock().hold = None;
-            disk.submit(op, done);
+            disk.submit_from(epoch, op, done);
         }
         if let Some(hook) = self.after_release.lock().take() {
             hook();
@@ -99,6 +110,20 @@ impl SimDisk {
             state: Mutex::new(State::default()),
             gate: Mutex::new(None),
         }
+    }
+
+    /// A handle for a pool to open the disk by: the next power loss cuts
+    /// it, so that nothing the pool sends after it reaches the disk.
+    pub fn handle(self: &Arc<Self>) -> Arc<dyn Device> {
+        Arc::new(Handle {
+            epoch: self.state.lock().power_epoch,
+            disk: Arc::clone(self),
+        })
+    }
+
+    /// Ops from handles cut by a power loss, refused so far.
+    pub fn refused_after_power_loss(&self) -> u64 {
+        self.state.lock().refused_after_power_loss
     }
 
     /// Stop holding writes (those held stay held until their gate opens).
@@ -167,6 +192,7 @@ impl SimDisk {
     /// torn (a random subset of its sectors lands).
     pub fn power_loss(&self, rng: &mut Rng) {
         let mut state = self.state.lock();
+        state.power_epoch += 1;
         for (offset, bytes) in std::mem::take(&mut state.volatile) {
             match rng.below(3) {
                 0 => state.apply(offset, &bytes),
@@ -243,12 +269,47 @@ impl State {
     }
 }
 
-impl Device for SimDisk {
+/// The disk as a pool opens it: cut by the next power loss.
+struct Handle {
+    disk: Arc<SimDisk>,
+    /// The disk's power losses when the handle was made.
+    epoch: u64,
+}
+
+impl Device for Handle {
     fn info(&self) -> &DeviceInfo {
-        &self.info
+        &self.disk.info
     }
 
     fn submit(&self, op: DeviceOp, done: Completion) {
+        self.disk.submit_from(Some(self.epoch), op, done);
+    }
+
+    fn reserve(&self, offset: u64, length: u64) -> io::Result<()> {
+        if self.disk.cut(self.epoch) {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        self.disk.reserve(offset, length)
+    }
+
+    fn extents(&self, offset: u64, length: u64, extents_max: usize) -> io::Result<Vec<Extent>> {
+        self.disk.extents(offset, length, extents_max)
+    }
+}
+
+impl SimDisk {
+    /// Whether a handle made at power epoch `epoch` has been cut since
+    /// (counted as a refused op if so).
+    fn cut(&self, epoch: u64) -> bool {
+        let mut state = self.state.lock();
+        let cut = epoch != state.power_epoch;
+        state.refused_after_power_loss += u64::from(cut);
+        cut
+    }
+
+    /// Serve `op`, sent through a handle made at power epoch `epoch` (or
+    /// straight to the disk, by the test itself, with none).
+    fn submit_from(&self, epoch: Option<u64>, op: DeviceOp, done: Completion) {
         op.assert_valid(&self.info);
         let gate = self.gate.lock().clone();
         if let Some((gate, me)) = gate {
@@ -256,7 +317,7 @@ impl Device for SimDisk {
                 if self.state.lock().hold.is_some_and(|(start, end)| (start..end).contains(&offset)));
             if held {
                 let me = me.upgrade().expect("a disk outlives its ops");
-                gate.held.lock().push((me, op, done));
+                gate.held.lock().push((me, epoch, op, done));
                 return;
             }
             if matches!(op, DeviceOp::Flush) {
@@ -264,7 +325,9 @@ impl Device for SimDisk {
             }
         }
         let mut state = self.state.lock();
-        let outcome = if state.vanished {
+        let cut = epoch.is_some_and(|epoch| epoch != state.power_epoch);
+        state.refused_after_power_loss += u64::from(cut);
+        let outcome = if state.vanished || cut {
             Outcome::done(Err(io::Error::from_raw_os_error(libc::ENXIO)))
         } else {
             match op {
@@ -343,6 +406,16 @@ impl Device for SimDisk {
         };
         drop(state);
         done(outcome)
+    }
+}
+
+impl Device for SimDisk {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn submit(&self, op: DeviceOp, done: Completion) {
+        self.submit_from(None, op, done);
     }
 
     fn reserve(&self, offset: u64, length: u64) -> io::Result<()> {

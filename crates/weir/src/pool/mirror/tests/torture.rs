@@ -6,8 +6,9 @@
 //! - bit flips, unreadable blocks and misdirected writes on all but one
 //!   copy of any block; damaged checksum entries, dirty-log pages and
 //!   label copies on those copies;
-//! - power losses that drop or tear unflushed writes in any order, and
-//!   kill -9 (completed writes stay);
+//! - power losses that drop or tear unflushed writes in any order (and
+//!   cut the crashed pool off its disks: nothing it sends afterwards
+//!   lands), and kill -9 (completed writes stay);
 //! - a write still in flight across two flushes, then a crash;
 //! - writes to disjoint ranges at once, from threads, beside a flush;
 //! - writes in a client's class and in writeback's, mixed, so that one
@@ -48,7 +49,6 @@ use std::sync::Arc;
 
 use super::disk::{Gate, SimDisk, SECTOR};
 use super::{any_copy, Fixture, DISK_BYTES};
-use crate::device::Device;
 use crate::pool::geometry::{DeviceRegions, CHECKSUM_ENTRY_BYTES, CHUNK_BYTES, VOLUME_TABLE_BYTES};
 use crate::pool::holder::Holder;
 use crate::pool::integrity::BlockSum;
@@ -392,6 +392,14 @@ impl Run {
             disk.power_loss(&mut self.rng);
         }
         self.pool.take().expect("open").crash();
+        let refused: u64 = self
+            .fixture
+            .disks
+            .iter()
+            .map(|disk| disk.refused_after_power_loss())
+            .sum();
+        self.history
+            .push(format!("the crashed pool's ops refused so far: {refused}"));
         self.reopen();
         self.check_volume_tables("after power loss")?;
         let mut out = vec![0u8; RANGE_BLOCKS as usize * BLOCK];
@@ -816,7 +824,7 @@ impl Run {
         pool.attach_replacement(
             group,
             member,
-            Arc::clone(&fresh) as Arc<dyn Device>,
+            fresh.handle(),
             &name,
             1000 + self.replacements as u128,
         )
