@@ -546,6 +546,23 @@ class Startup(unittest.TestCase):
             for s in (notify, tcp, unix):
                 s.close()
 
+    def test_a_server_that_cannot_listen_closes_its_pools_and_exits(self):
+        with tempfile.TemporaryDirectory() as tmp, socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            data = os.path.join(tmp, "data")
+            refused = subprocess.run([WEIR, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", data],
+                                     capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn(f"cannot listen on 127.0.0.1:{port}", refused.stderr)
+            # The demo pool was opened and exported before the listener
+            # failed; it was written back and closed, not left held.
+            self.assertIn("cache written back", refused.stderr)
+            self.assertNotIn("still held", refused.stderr)
+            status = run(WEIR, "pool", "status", "demo", "--data-dir", data).stdout
+            self.assertIn("state: ONLINE", status)
+
     def test_version_and_help(self):
         self.assertIn("weir", run(WEIR, "--version").stdout)
         self.assertIn("serve", run(WEIR, "help").stdout)

@@ -75,6 +75,65 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         .with_unavailable(opened.unavailable)
         .with_host(Arc::clone(&host) as Arc<dyn VolumeHost>);
     let service = Arc::new(service);
+    let pools = Opened {
+        host: &host,
+        service: &service,
+        exports: &exports,
+    };
+    let served = start_and_serve(args, &config, &registry, &mut data_dir_lock, &pools, tls);
+    // Whether serving ended or never began: every cached write goes to
+    // the devices, then the pools close cleanly (scrubs save their
+    // position) once the exports that hold their volumes are gone.
+    host.write_back_all();
+    flusher.stop();
+    service.close();
+    drop(host);
+    drop(exports);
+    drop(service);
+    // Offline pool commands wait until the pools have closed.
+    drop(data_dir_lock);
+    served
+}
+
+/// What `run` opened before serving, and closes after it in order.
+struct Opened<'a> {
+    host: &'a Arc<ExportHost>,
+    service: &'a Arc<PoolService>,
+    exports: &'a Arc<Exports>,
+}
+
+/// Keeps the reload watcher running while serving; on any way out, stops
+/// it and waits, so that its references to the pools are gone before they
+/// close.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Export the volumes, start the admin endpoint and the listeners, and
+/// serve until a signal. The caller closes everything, however this ends.
+fn start_and_serve(
+    args: &ServeArgs,
+    config: &Arc<ServeConfig>,
+    registry: &std::path::Path,
+    data_dir_lock: &mut Option<std::fs::File>,
+    opened: &Opened,
+    tls: Option<Tls>,
+) -> anyhow::Result<()> {
+    let Opened {
+        host,
+        service,
+        exports,
+    } = *opened;
     let pool_volumes = service.volume_names();
     if let Some(name) = pool_volumes
         .iter()
@@ -91,7 +150,7 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         config.exports.clone()
     };
     for spec in &specs {
-        add_device(&host, &service, spec)?;
+        add_device(host, service, spec)?;
     }
     service.serve_all_volumes()?;
     // A server of --export devices alone holds the directory too when it
@@ -101,12 +160,12 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     // an endpoint, not without its exports.
     let holds_pools = data_dir_lock.is_some();
     if !holds_pools && config.admin.is_some() {
-        data_dir_lock = hold_if_free(&config.data_dir);
+        *data_dir_lock = hold_if_free(&config.data_dir);
     }
     let admin = match (&config.admin, &data_dir_lock) {
         (Some(listen), Some(_)) => {
             let started =
-                AdminEndpoint::start(listen, &config.data_dir, Arc::clone(&service), tls.as_ref());
+                AdminEndpoint::start(listen, &config.data_dir, Arc::clone(service), tls.as_ref());
             match started {
                 Ok(endpoint) => Some(endpoint),
                 // Pools need their endpoint for every change while served.
@@ -128,13 +187,16 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     let reload_requested = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload_requested))
         .context("cannot install signal handlers")?;
-    let reloads = reload::watch(
-        args.clone(),
-        Arc::clone(&host),
-        Arc::clone(&service),
-        reload_requested,
-        Arc::clone(&stop),
-    )?;
+    let reloads = Watcher {
+        stop: Arc::clone(&stop),
+        thread: Some(reload::watch(
+            args.clone(),
+            Arc::clone(host),
+            Arc::clone(service),
+            reload_requested,
+            Arc::clone(&stop),
+        )?),
+    };
     let open_files = server::raise_open_file_limit();
     if open_files < 8192 {
         tracing::warn!(
@@ -161,26 +223,13 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     }
     // Readiness for a service manager (Type=notify); without one, nothing.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    let served = server::serve(
-        listeners,
-        Arc::clone(&exports),
-        &stop,
-        config.shutdown_grace,
-    );
+    let served = server::serve(listeners, Arc::clone(exports), &stop, config.shutdown_grace);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     // No pool or volume changes from here on (the serve loop may also have
     // ended on an error, with no signal).
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     drop(admin);
-    let _ = reloads.join();
-    // Every cached write goes to the devices before the pools close.
-    host.write_back_all();
-    flusher.stop();
-    // Scrubs save their position; then the pools close cleanly as they drop.
-    service.close();
-    drop(host);
-    drop(exports);
-    drop(service);
+    drop(reloads);
     drop(pid_file);
     served
 }
