@@ -72,6 +72,12 @@ impl Registry {
     }
 }
 
+/// Where a data directory keeps its registry of pools: a directory with
+/// one serves pools, one without serves its exports alone.
+pub fn path_in(data_dir: &Path) -> PathBuf {
+    Registry::path(data_dir)
+}
+
 /// Names of the registered pools, in registration order.
 pub fn registered_pools(data_dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(Registry::load(data_dir)?

@@ -31,7 +31,7 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     // With nothing else to serve, weir serves the demo pool, creating it
     // first. A data directory from before pools (default.img) keeps
     // serving that file.
-    let registry = config.data_dir.join("pools.toml");
+    let registry = crate::pool::registry::path_in(&config.data_dir);
     let legacy_default = config.data_dir.join("default.img");
     if config.exports.is_empty() && !registry.exists() && !legacy_default.exists() {
         crate::pool::create::create_demo(&config.data_dir)?;
@@ -75,12 +75,15 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
         .with_unavailable(opened.unavailable)
         .with_host(Arc::clone(&host) as Arc<dyn VolumeHost>);
     let service = Arc::new(service);
-    let pools = Opened {
-        host: &host,
-        service: &service,
-        exports: &exports,
-    };
-    let served = start_and_serve(args, &config, &registry, &mut data_dir_lock, &pools, tls);
+    let served = start_and_serve(
+        args,
+        &config,
+        &mut data_dir_lock,
+        &host,
+        &service,
+        &exports,
+        tls,
+    );
     // Whether serving ended or never began: every cached write goes to
     // the devices, then the pools close cleanly (scrubs save their
     // position) once the exports that hold their volumes are gone.
@@ -93,13 +96,6 @@ pub fn run(args: &ServeArgs, init_logging: impl FnOnce(&str)) -> anyhow::Result<
     // Offline pool commands wait until the pools have closed.
     drop(data_dir_lock);
     served
-}
-
-/// What `run` opened before serving, and closes after it in order.
-struct Opened<'a> {
-    host: &'a Arc<ExportHost>,
-    service: &'a Arc<PoolService>,
-    exports: &'a Arc<Exports>,
 }
 
 /// Keeps the reload watcher running while serving; on any way out, stops
@@ -124,16 +120,12 @@ impl Drop for Watcher {
 fn start_and_serve(
     args: &ServeArgs,
     config: &Arc<ServeConfig>,
-    registry: &std::path::Path,
     data_dir_lock: &mut Option<std::fs::File>,
-    opened: &Opened,
+    host: &Arc<ExportHost>,
+    service: &Arc<PoolService>,
+    exports: &Arc<Exports>,
     tls: Option<Tls>,
 ) -> anyhow::Result<()> {
-    let Opened {
-        host,
-        service,
-        exports,
-    } = *opened;
     let pool_volumes = service.volume_names();
     if let Some(name) = pool_volumes
         .iter()
@@ -144,6 +136,7 @@ fn start_and_serve(
         );
     }
     // --export devices first: the first export is the default one.
+    let registry = crate::pool::registry::path_in(&config.data_dir);
     let specs = if config.exports.is_empty() && !registry.exists() {
         vec![config.embedded_default()?]
     } else {
