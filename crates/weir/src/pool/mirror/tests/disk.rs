@@ -217,6 +217,15 @@ impl SimDisk {
 }
 
 impl State {
+    /// Whether an op through a handle made at power epoch `epoch` (none:
+    /// sent to the disk itself) is refused because a power loss has cut
+    /// that handle since; a refusal is counted.
+    fn refuses(&mut self, epoch: Option<u64>) -> bool {
+        let cut = epoch.is_some_and(|epoch| epoch != self.power_epoch);
+        self.refused_after_power_loss += u64::from(cut);
+        cut
+    }
+
     fn page_mut(&mut self, page: u64) -> &mut [u8; PAGE] {
         self.durable
             .entry(page)
@@ -286,7 +295,7 @@ impl Device for Handle {
     }
 
     fn reserve(&self, offset: u64, length: u64) -> io::Result<()> {
-        if self.disk.cut(self.epoch) {
+        if self.disk.state.lock().refuses(Some(self.epoch)) {
             return Err(io::Error::from_raw_os_error(libc::ENXIO));
         }
         self.disk.reserve(offset, length)
@@ -298,15 +307,6 @@ impl Device for Handle {
 }
 
 impl SimDisk {
-    /// Whether a handle made at power epoch `epoch` has been cut since
-    /// (counted as a refused op if so).
-    fn cut(&self, epoch: u64) -> bool {
-        let mut state = self.state.lock();
-        let cut = epoch != state.power_epoch;
-        state.refused_after_power_loss += u64::from(cut);
-        cut
-    }
-
     /// Serve `op`, sent through a handle made at power epoch `epoch` (or
     /// straight to the disk, by the test itself, with none).
     fn submit_from(&self, epoch: Option<u64>, op: DeviceOp, done: Completion) {
@@ -325,8 +325,7 @@ impl SimDisk {
             }
         }
         let mut state = self.state.lock();
-        let cut = epoch.is_some_and(|epoch| epoch != state.power_epoch);
-        state.refused_after_power_loss += u64::from(cut);
+        let cut = state.refuses(epoch);
         let outcome = if state.vanished || cut {
             Outcome::done(Err(io::Error::from_raw_os_error(libc::ENXIO)))
         } else {
