@@ -28,7 +28,7 @@ pub fn create(
     if registry.pool.iter().any(|p| p.name == name) {
         bail!(
             "a pool named {name:?} already exists (see {})",
-            Registry::path(data_dir).display()
+            super::registry::path_in(data_dir).display()
         );
     }
     let texts: Vec<&String> = groups.iter().flatten().collect();

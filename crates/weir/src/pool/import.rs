@@ -275,7 +275,7 @@ pub fn register_found(texts: &[String], data_dir: &Path, force: bool) -> anyhow:
     if registry.pool.iter().any(|p| p.name == name) {
         bail!(
             "a pool named {name:?} is already registered in {}",
-            Registry::path(data_dir).display()
+            super::registry::path_in(data_dir).display()
         );
     }
     if found.state() == "UNAVAIL" {
@@ -316,7 +316,7 @@ pub fn import_registered(name: &str, data_dir: &Path, repair: bool) -> anyhow::R
     let Some(pool) = registry.pool.iter().find(|p| p.name == name) else {
         bail!(
             "no pool named {name:?} in {}",
-            Registry::path(data_dir).display()
+            super::registry::path_in(data_dir).display()
         );
     };
     import_entry(pool, repair)

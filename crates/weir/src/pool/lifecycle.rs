@@ -54,7 +54,7 @@ pub fn destroy_held(name: &str, data_dir: &Path) -> anyhow::Result<String> {
         .with_context(|| {
             format!(
                 "no pool named {name:?} in {}",
-                Registry::path(data_dir).display()
+                super::registry::path_in(data_dir).display()
             )
         })?
         .clone();
@@ -93,7 +93,7 @@ fn unregister(name: &str, data_dir: &Path) -> anyhow::Result<RegisteredPool> {
     let Some(index) = registry.pool.iter().position(|p| p.name == name) else {
         bail!(
             "no pool named {name:?} in {}",
-            Registry::path(data_dir).display()
+            super::registry::path_in(data_dir).display()
         );
     };
     let pool = registry.pool.remove(index);

@@ -39,12 +39,8 @@ pub(super) struct RegisteredPool {
 }
 
 impl Registry {
-    pub(super) fn path(data_dir: &Path) -> PathBuf {
-        data_dir.join(REGISTRY_FILE)
-    }
-
     pub(super) fn load(data_dir: &Path) -> anyhow::Result<Registry> {
-        let path = Self::path(data_dir);
+        let path = path_in(data_dir);
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 toml::from_str(&text).with_context(|| format!("{} is damaged", path.display()))
@@ -64,7 +60,7 @@ impl Registry {
     pub(super) fn save(&self, data_dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
-        let path = Self::path(data_dir);
+        let path = path_in(data_dir);
         let tmp = path.with_extension("toml.tmp");
         std::fs::write(&tmp, toml::to_string(self)?)
             .with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -75,7 +71,7 @@ impl Registry {
 /// Where a data directory keeps its registry of pools: a directory with
 /// one serves pools, one without serves its exports alone.
 pub fn path_in(data_dir: &Path) -> PathBuf {
-    Registry::path(data_dir)
+    data_dir.join(REGISTRY_FILE)
 }
 
 /// Names of the registered pools, in registration order.

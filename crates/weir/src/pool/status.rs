@@ -25,7 +25,7 @@ pub fn status(name: Option<&str>, data_dir: &Path) -> anyhow::Result<String> {
         match name {
             Some(name) => bail!(
                 "no pool named {name:?} in {}",
-                Registry::path(data_dir).display()
+                super::registry::path_in(data_dir).display()
             ),
             None => return Ok("no pools\n".into()),
         }

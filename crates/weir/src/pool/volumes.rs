@@ -364,7 +364,7 @@ pub fn list(pool_filter: Option<&str>, data_dir: &Path) -> anyhow::Result<String
     if let Some(filter) = pool_filter.filter(|f| !registered.iter().any(|p| p == f)) {
         bail!(
             "no pool named {filter:?} in {}",
-            crate::pool::registry::Registry::path(data_dir).display()
+            super::registry::path_in(data_dir).display()
         );
     }
     for pool_name in registered {
