@@ -33,6 +33,8 @@ const TIMER_POLL_MAX: Duration = Duration::from_millis(100);
 /// Client reads go in pieces no smaller than this: below it a piece's own
 /// costs (a reply chunk, a completion, a wake-up) outweigh what it overlaps.
 const READ_PIECE_MIN_BYTES: f64 = 64.0 * 1024.0;
+/// Reads of each of two lengths timed before their costs size pieces.
+const READ_COST_SAMPLES_MIN: u32 = 4;
 
 /// Counters of one class on one device.
 #[derive(Debug, Default)]
@@ -188,12 +190,13 @@ impl DeviceQueue {
     /// The length a large client read is answered in pieces of: where a
     /// read's transfer takes as long as the device's fixed cost per read
     /// (a seek, a command), so each piece moves at least half the bytes
-    /// the device could. Until reads of two lengths have been timed, half
-    /// the longest seen: its pieces give the second length. None before
-    /// any read, or on a device whose reads cost nothing per byte.
+    /// the device could. Until a few reads of each of two lengths have
+    /// been timed, half the longest seen: its pieces give the second
+    /// length. None before any read, or on a device whose reads cost
+    /// nothing per byte.
     pub fn read_piece_bytes(&self) -> Option<u64> {
         let cost = self.shared.read_cost.lock();
-        let bytes = match cost.parts() {
+        let bytes = match cost.parts_after(READ_COST_SAMPLES_MIN) {
             Some((fixed, per_byte)) if per_byte > 0.0 => fixed / per_byte,
             Some(_) => return None,
             None => cost.longest()? / 2.0,

@@ -55,6 +55,10 @@ impl CostPoint {
     fn get(&self) -> Option<(f64, f64)> {
         Some((self.length.get()?, self.cost.get()?))
     }
+
+    fn samples(&self) -> u32 {
+        self.cost.samples
+    }
 }
 
 impl LinearCost {
@@ -74,6 +78,17 @@ impl LinearCost {
     /// The fixed cost (ns) and the cost per byte, once both a long and a
     /// short length have been seen.
     pub fn parts(&self) -> Option<(f64, f64)> {
+        self.parts_after(1)
+    }
+
+    /// The same, once each point holds at least `samples_min` samples: a
+    /// point drawn through one sample carries that sample's accident (the
+    /// first read of a device, a seek across it) for as long as no other
+    /// I/O of its length comes.
+    pub fn parts_after(&self, samples_min: u32) -> Option<(f64, f64)> {
+        if self.long.samples() < samples_min || self.short.samples() < samples_min {
+            return None;
+        }
         let (long_length, long_cost) = self.long.get()?;
         let (short_length, short_cost) = self.short.get()?;
         if long_length <= short_length {

@@ -779,6 +779,26 @@ fn linear_cost_separates_fixed_cost_from_cost_per_byte() {
 }
 
 #[test]
+fn linear_cost_waits_for_settled_points_before_drawing_its_line() {
+    // A disk's first read pays a long seek: 520 KiB in 20 ms. Reads of
+    // 1 MiB that follow stream at 2.7 ms each. Through that one sample the
+    // line has no slope (reads would cost nothing per byte); settled
+    // points draw no line until the short length has been timed again.
+    let mut cost = estimate::LinearCost::default();
+    cost.record(520_192.0, 20e6);
+    for _ in 0..8 {
+        cost.record(1048576.0, 2.7e6);
+    }
+    assert_eq!(cost.parts().map(|(_, per_byte)| per_byte), Some(0.0));
+    assert_eq!(cost.parts_after(4), None);
+    // Short reads that seek as far, timed a few times: a line again.
+    for _ in 0..3 {
+        cost.record(520_192.0, 20e6);
+    }
+    assert_eq!(cost.parts_after(4), cost.parts());
+}
+
+#[test]
 fn adaptive_background_pieces_are_large_enough_to_pay_their_fixed_cost() {
     // Flash: a write costs 300 us of firmware commit plus 2 ns per byte.
     // Pieces sized by the cost per byte of the first whole write would be
