@@ -170,6 +170,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "cache"),
                         help="write OUT.json and OUT.md (default: bench/results/cache)")
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     targets = args.targets.split(",")
     parts = args.parts.split(",")
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -223,6 +223,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "peers"),
                         help="write OUT.json and OUT.md (default: bench/results/peers)")
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     settings = args.settings.split(",")
     wanted = args.jobs.split(",")
     unknown = set(wanted) - {j[0] for j in JOBS + EXTRA_JOBS}

@@ -94,6 +94,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "pool"),
                         help="write OUT.json and OUT.md (default: bench/results/pool)")
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="weir-pool-bench-")
     data = os.path.join(tmp, "data")
     procs = []

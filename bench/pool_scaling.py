@@ -166,6 +166,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "pool-scaling"),
                         help="write OUT.json and OUT.md (default: bench/results/pool-scaling)")
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     job_counts = [int(j) for j in args.jobs.split(",")]
     shm = "/dev/shm"
     tmp = tempfile.mkdtemp(prefix="weir-scaling-")

@@ -136,6 +136,8 @@ def main():
     parser.add_argument("--rbd-nbd", action="store_true", help="also rbd-nbd (needs the kernel nbd module)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "rbd"))
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="weir-bench-rbd-")
     cluster_dir = os.path.join(tmp, "ceph")
     conf = os.path.join(cluster_dir, "ceph.conf")

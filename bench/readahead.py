@@ -157,6 +157,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "readahead"),
                         help="write OUT.json and OUT.md (default: bench/results/readahead)")
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     command = "bench/readahead.sh " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = {
         "command": command.strip(),

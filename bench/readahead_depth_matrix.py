@@ -48,6 +48,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "readahead-depth-matrix.md"))
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if not os.path.exists(WEIR):
         sys.exit("build first: cargo build --release")
     rows = []

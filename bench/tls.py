@@ -92,6 +92,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "results", "tls"))
     args = parser.parse_args()
+    # Made now, so that a run of many minutes is not lost at its last step.
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="weir-tls-bench-")
     certs = os.path.join(tmp, "certs")
     os.mkdir(certs)
