@@ -9,20 +9,32 @@
 //! ([`pause_for`]); a write that would pass the limit is written through
 //! instead of cached, which paces it at the devices' speed with no more
 //! memory.
+//!
+//! A drive with a volatile write cache takes writes at interface speed
+//! until that cache fills, then at the media's speed: an HDD taking random
+//! 4 KiB writes shows 70 MB/s for half a second and then under 1 MB/s. The
+//! rate estimate therefore believes a slower sample at once and a faster
+//! one slowly, and the limit grows by at most [`LIMIT_GROWTH_PER_SECOND`],
+//! so that such a burst cannot raise the limit to many seconds of what the
+//! media takes (every one of which a FLUSH would then wait for).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The limit is never set below this from measurement, so that some
-/// writes can still be joined: on an HDD taking random 4 KiB writes at
-/// about 1 MB/s, a few seconds of write-back (a 32 MiB floor made the
-/// FLUSH after such a load take 70 s).
-const LIMIT_FLOOR_BYTES: u64 = 4 << 20;
+/// The limit is never set below this from measurement, so that adjacent
+/// writes can still be joined into a device-sized run: on an HDD taking
+/// random 4 KiB writes at under 1 MB/s, about a second of write-back.
+const LIMIT_FLOOR_BYTES: u64 = 1 << 20;
 /// The limit before any writeback rate has been measured.
 const LIMIT_INITIAL_BYTES: u64 = 16 << 20;
 /// The measured limit holds this long a burst of writeback.
 const LIMIT_SECONDS: f64 = 1.0;
+/// The limit grows by at most this factor per second of measurement,
+/// and shrinks as fast as the rate: longer than a drive's write cache
+/// takes to fill at interface speed, short beside the seconds a fast
+/// device's limit takes to reach its share of RAM.
+pub const LIMIT_GROWTH_PER_SECOND: f64 = 2.0;
 /// Dirty memory never exceeds this share of RAM unless configured.
 const RAM_SHARE: u64 = 8;
 /// Writers are not slowed below this share of the limit.
@@ -30,10 +42,15 @@ const PAUSE_FROM: f64 = 0.5;
 /// The longest pause one write gets: beyond it, the write is written
 /// through instead (Linux's balance_dirty_pages pauses up to 200 ms).
 const PAUSE_MAX: Duration = Duration::from_millis(100);
-/// The writeback rate assumed until one is measured (bytes/s).
+/// The writeback rate assumed until one is measured (bytes/s); the
+/// first sample replaces it.
 const RATE_INITIAL: f64 = 100e6;
-/// Weight of a new rate sample.
-const RATE_WEIGHT: f64 = 0.25;
+/// Weight of a new rate sample above the estimate.
+const RATE_RISE_WEIGHT: f64 = 0.25;
+/// Weight of a new rate sample below the estimate: a device that slowed
+/// down (its write cache full, a reader taking its time) is believed
+/// within a few samples.
+const RATE_FALL_WEIGHT: f64 = 0.5;
 
 /// Bytes of dirty memory held by one buffer; released on drop.
 pub struct Charge {
@@ -56,6 +73,8 @@ pub struct DirtyBudget {
     /// The measured writeback rate in bytes/s, as `f64` bits: read on
     /// every cached write, so it takes no lock.
     rate_bits: AtomicU64,
+    /// No sample has replaced `RATE_INITIAL` yet.
+    unmeasured: AtomicBool,
 }
 
 impl DirtyBudget {
@@ -69,6 +88,7 @@ impl DirtyBudget {
             configured: configured.is_some(),
             ram_cap,
             rate_bits: AtomicU64::new(RATE_INITIAL.to_bits()),
+            unmeasured: AtomicBool::new(true),
         })
     }
 
@@ -115,23 +135,48 @@ impl DirtyBudget {
             return;
         }
         let sample = bytes as f64 / elapsed.as_secs_f64();
+        let first = self.unmeasured.swap(false, Ordering::Relaxed);
         let mut rate = 0.0;
         let _ = self
             .rate_bits
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                let old = f64::from_bits(bits);
-                rate = old + RATE_WEIGHT * (sample - old);
+                rate = if first {
+                    sample
+                } else {
+                    next_rate(f64::from_bits(bits), sample)
+                };
                 Some(rate.to_bits())
             });
         if !self.configured {
-            let limit = ((rate * LIMIT_SECONDS) as u64).clamp(LIMIT_FLOOR_BYTES, self.ram_cap);
-            self.limit.store(limit, Ordering::Relaxed);
+            let target = ((rate * LIMIT_SECONDS) as u64).clamp(LIMIT_FLOOR_BYTES, self.ram_cap);
+            let _ = self
+                .limit
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
+                    Some(next_limit(limit, target, elapsed))
+                });
         }
     }
 
     pub fn rate_bytes_per_second(&self) -> f64 {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
+}
+
+/// The rate estimate after `sample`: quick to fall, slower to rise.
+fn next_rate(old: f64, sample: f64) -> f64 {
+    let weight = if sample < old {
+        RATE_FALL_WEIGHT
+    } else {
+        RATE_RISE_WEIGHT
+    };
+    old + weight * (sample - old)
+}
+
+/// The limit `elapsed` after it was `limit`, heading for `target`: all
+/// the way down at once, up by at most [`LIMIT_GROWTH_PER_SECOND`].
+fn next_limit(limit: u64, target: u64, elapsed: Duration) -> u64 {
+    let ceiling = limit as f64 * LIMIT_GROWTH_PER_SECOND.powf(elapsed.as_secs_f64());
+    target.min(ceiling as u64)
 }
 
 /// The pause for a write of `bytes` when `used` of `limit` is dirty and
@@ -208,5 +253,33 @@ mod tests {
         let fixed = DirtyBudget::new(Some(8 << 20));
         fixed.record_rate(500 << 20, Duration::from_secs(1));
         assert_eq!(fixed.limit_bytes(), 8 << 20);
+    }
+
+    #[test]
+    fn a_drive_cache_filling_at_interface_speed_does_not_raise_the_limit_far() {
+        // Four 100 ms ticks at 72 MB/s while a drive's write cache fills,
+        // then the media's 1 MB/s.
+        let budget = DirtyBudget::new(None);
+        let tick = Duration::from_millis(100);
+        let mut highest = 0;
+        for _ in 0..4 {
+            budget.record_rate(7_200_000, tick);
+            highest = highest.max(budget.limit_bytes());
+        }
+        assert!(
+            highest < 24 << 20,
+            "the burst raised the limit to {highest}"
+        );
+        for _ in 0..20 {
+            budget.record_rate(100_000, tick);
+        }
+        assert_eq!(budget.limit_bytes(), LIMIT_FLOOR_BYTES);
+        assert!(budget.rate_bytes_per_second() < 2e6);
+        // A sustained fast device still reaches its second of writeback.
+        for _ in 0..100 {
+            budget.record_rate(15_000_000, tick);
+        }
+        let limit = budget.limit_bytes();
+        assert!(limit.abs_diff(150_000_000) < 1_500_000, "{limit}");
     }
 }
