@@ -173,6 +173,7 @@ pub fn run_jobs(
                     dirty_at_end_bytes: done.dirty_at_end_bytes,
                     dirty_limit_at_end_bytes: done.limit_at_end_bytes,
                     direct_writes: done.direct_writes,
+                    waited_writes: done.waited_writes,
                 });
             }
             if devices.len() > 1 {

@@ -64,8 +64,11 @@ pub struct WritebackSummary {
     pub written_back_mb_per_s: f64,
     pub dirty_at_end_bytes: u64,
     pub dirty_limit_at_end_bytes: u64,
-    /// Client writes that went through because the budget was full.
+    /// Client writes that went through, too large for the budget.
     pub direct_writes: u64,
+    /// Client writes that waited for room in the budget.
+    #[serde(default)]
+    pub waited_writes: u64,
 }
 
 /// Each device's share of the client reads, step by step through a run.
@@ -194,11 +197,12 @@ pub fn render(report: &Report) -> String {
             let _ = writeln!(
                 out,
                 "writeback ({}): {:.1} MB/s to the devices, {} dirty at the end (limit {}), \
-                 {} writes went through at the limit",
+                 {} writes waited for room, {} too large for the limit went through",
                 w.throttle,
                 w.written_back_mb_per_s,
                 crate::units::format_bytes(w.dirty_at_end_bytes),
                 crate::units::format_bytes(w.dirty_limit_at_end_bytes),
+                w.waited_writes,
                 w.direct_writes
             );
         }

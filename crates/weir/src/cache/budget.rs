@@ -6,9 +6,12 @@
 //! included. The limit is about one second of writeback at the rate the
 //! devices have shown, within a floor and a share of RAM, unless the
 //! operator set one. Writers are slowed smoothly from half the limit on
-//! ([`pause_for`]); a write that would pass the limit is written through
-//! instead of cached, which paces it at the devices' speed with no more
-//! memory.
+//! ([`pause_for`]). A write that would pass the limit waits, unanswered,
+//! until writeback has made room for it, behind every write already
+//! waiting ([`Admission`]): its buffer is already in memory, the wait is
+//! as long as writeback takes to free its size, and it never queues
+//! behind the writeback backlog on the device as a write sent through
+//! would. Only a write larger than the whole limit is written through.
 //!
 //! A drive with a volatile write cache takes writes at interface speed
 //! until that cache fills, then at the media's speed: an HDD taking random
@@ -18,7 +21,7 @@
 //! so that such a burst cannot raise the limit to many seconds of what the
 //! media takes (every one of which a FLUSH would then wait for).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +55,17 @@ const RATE_RISE_WEIGHT: f64 = 0.25;
 /// within a few samples.
 const RATE_FALL_WEIGHT: f64 = 0.5;
 
+/// What to do with a client write of some size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Cache it now.
+    Cache,
+    /// Wait for room, behind the writes already waiting.
+    Wait,
+    /// Larger than the whole limit: write it through.
+    Through,
+}
+
 /// Bytes of dirty memory held by one buffer; released on drop.
 pub struct Charge {
     budget: Arc<DirtyBudget>,
@@ -75,6 +89,8 @@ pub struct DirtyBudget {
     rate_bits: AtomicU64,
     /// No sample has replaced `RATE_INITIAL` yet.
     unmeasured: AtomicBool,
+    /// Client writes waiting for room, over every cache.
+    waiting: AtomicUsize,
 }
 
 impl DirtyBudget {
@@ -89,6 +105,7 @@ impl DirtyBudget {
             ram_cap,
             rate_bits: AtomicU64::new(RATE_INITIAL.to_bits()),
             unmeasured: AtomicBool::new(true),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -111,6 +128,40 @@ impl DirtyBudget {
     /// Whether `bytes` more would pass the limit.
     pub fn would_exceed(&self, bytes: u64) -> bool {
         self.used_bytes() + bytes > self.limit_bytes()
+    }
+
+    /// What to do with a new client write of `bytes`. A write that must
+    /// wait is counted as waiting until [`admitted`](Self::admitted).
+    pub fn admit(&self, bytes: u64) -> Admission {
+        if self.too_large(bytes) {
+            return Admission::Through;
+        }
+        if self.waiting.load(Ordering::Relaxed) == 0 && !self.would_exceed(bytes) {
+            return Admission::Cache;
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Admission::Wait
+    }
+
+    /// Whether a write of `bytes` at the head of a waiting queue fits now.
+    pub fn fits(&self, bytes: u64) -> bool {
+        !self.would_exceed(bytes)
+    }
+
+    /// Whether a write of `bytes` could not fit even in an empty cache
+    /// (the limit can shrink under a write that waits).
+    pub fn too_large(&self, bytes: u64) -> bool {
+        bytes > self.limit_bytes()
+    }
+
+    /// A waiting write left its queue (cached, failed or sent through).
+    pub fn admitted(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Client writes waiting for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Writeback should run without waiting for pieces to settle.

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!   volume ─> CachedStore ─┬─ WRITE: copied into the dirty map, answered
-//!                          │          (after a pause near the budget)
+//!                          │          (after a pause near the budget;
+//!                          │          past it, once writeback made room)
 //!                          ├─ READ: store read with cached bytes laid over
 //!                          ├─ FLUSH: waits for every earlier write to reach
 //!                          │          the store, then flushes the store
@@ -27,7 +28,7 @@ pub(crate) mod flusher;
 mod pauses;
 pub(crate) mod store;
 
-pub use budget::{ram_bytes, Charge, DirtyBudget};
+pub use budget::{ram_bytes, Admission, Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};
 pub use pauses::LocalPauses;
 pub use store::{writeback_bytes_max, CachedStore, RUN_BYTES_MAX, WRITEBACK_RUNS_MAX};

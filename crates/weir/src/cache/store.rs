@@ -2,16 +2,18 @@
 //! sans-IO [`DirtyMap`] and the store beneath it.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, MutexGuard};
 
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
-use super::Charge;
+use super::{Admission, Charge};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome, WriteBuf};
 use crate::metrics::CacheReport;
 use crate::pool::{Store, StoreInfo};
@@ -79,6 +81,13 @@ struct Direct {
 
 type Map = DirtyMap<Completion, Direct>;
 
+/// A client write waiting for room in the budget, unanswered.
+struct Waiting {
+    offset: u64,
+    buf: WriteBuf,
+    done: Completion,
+}
+
 pub struct CachedStore {
     inner: Arc<dyn Store>,
     map: Mutex<Map>,
@@ -86,6 +95,8 @@ pub struct CachedStore {
     /// Bytes written to the store for the cache: write-back, and writes
     /// that went through past the budget.
     written_bytes: AtomicU64,
+    /// Writes waiting for room, oldest first.
+    waiting: Mutex<VecDeque<Waiting>>,
     me: std::sync::Weak<CachedStore>,
 }
 
@@ -100,6 +111,7 @@ impl CachedStore {
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
+            waiting: Mutex::new(VecDeque::new()),
             me: me.clone(),
         });
         let weak: std::sync::Weak<CachedStore> = Arc::downgrade(&store);
@@ -121,8 +133,14 @@ impl CachedStore {
         self.map().failed()
     }
 
-    /// Write everything back and flush the store; for shutdown.
+    /// Write everything back and flush the store; for shutdown. Writes
+    /// still waiting for room go through first, so the flush covers them.
     pub fn write_back_all(&self) -> io::Result<()> {
+        let waiting = std::mem::take(&mut *self.waiting.lock());
+        for write in waiting {
+            self.flusher.budget().admitted();
+            self.write_through(write.offset, write.buf, write.done);
+        }
         let (tx, rx) = mpsc::channel();
         self.flush(Box::new(move |outcome| {
             let _ = tx.send(outcome.result);
@@ -168,21 +186,37 @@ impl CachedStore {
     }
 
     fn write(&self, offset: u64, buf: WriteBuf, done: Completion) {
+        match self.flusher.budget().admit(buf.len() as u64) {
+            Admission::Cache => self.cache_write(offset, buf, done, true),
+            Admission::Wait => {
+                self.waiting.lock().push_back(Waiting { offset, buf, done });
+                // Room may have been made since the budget said wait.
+                self.admit_waiting();
+            }
+            Admission::Through => self.write_through(offset, buf, done),
+        }
+    }
+
+    /// A write larger than the limit goes through: it is paced by the
+    /// devices and holds no more memory than the request did. It is
+    /// write-back that could not be deferred, so it goes in write-back's
+    /// class, where the device queue holds it back from readers as it
+    /// does the rest.
+    fn write_through(&self, offset: u64, buf: WriteBuf, done: Completion) {
+        let op = DeviceOp::Write {
+            offset,
+            buf,
+            durable: false,
+        };
+        self.direct(IoClass::AsyncWrite, op, done);
+    }
+
+    /// Copy a write into the map and answer it: after the budget's pause
+    /// if `paced`, else at once (a write that waited for room has been
+    /// paced by the wait).
+    fn cache_write(&self, offset: u64, buf: WriteBuf, done: Completion, paced: bool) {
         let length = buf.len() as u64;
         let budget = Arc::clone(self.flusher.budget());
-        if budget.would_exceed(length) {
-            // Past the budget the write goes through: it is paced by the
-            // devices and holds no more memory than the request did. It is
-            // write-back that could not be deferred, so it goes in
-            // write-back's class, where the device queue holds it back
-            // from readers as it does the rest.
-            let op = DeviceOp::Write {
-                offset,
-                buf,
-                durable: false,
-            };
-            return self.direct(IoClass::AsyncWrite, op, done);
-        }
         let bytes = Arc::new(CacheBytes {
             buf,
             _charge: budget.charge(length),
@@ -194,12 +228,55 @@ impl CachedStore {
         }
         map.write(offset, bytes);
         self.pump_locked(map);
-        let pause = budget.pause(length);
+        let pause = if paced {
+            budget.pause(length)
+        } else {
+            Duration::ZERO
+        };
         if pause.is_zero() {
             done(Outcome::done(Ok(())));
         } else {
             self.flusher
                 .after(pause, Box::new(move || done(Outcome::done(Ok(())))));
+        }
+    }
+
+    /// Cache the waiting writes that fit now, oldest first; send through
+    /// one the limit has shrunk below; if write-back has failed, fail them
+    /// all (the room they wait for may never come).
+    fn admit_waiting(&self) {
+        let budget = self.flusher.budget();
+        if budget.waiting() == 0 {
+            return;
+        }
+        let failed = self.map().failed();
+        loop {
+            let next = {
+                let mut waiting = self.waiting.lock();
+                match waiting.front() {
+                    Some(w) => {
+                        let bytes = w.buf.len() as u64;
+                        let too_large = budget.too_large(bytes);
+                        if failed || too_large || budget.fits(bytes) {
+                            waiting.pop_front().map(|w| (w, too_large))
+                        } else {
+                            None
+                        }
+                    }
+                    None => None,
+                }
+            };
+            let Some((write, too_large)) = next else {
+                return;
+            };
+            budget.admitted();
+            if failed {
+                (write.done)(failed_outcome());
+            } else if too_large {
+                self.write_through(write.offset, write.buf, write.done);
+            } else {
+                self.cache_write(write.offset, write.buf, write.done, false);
+            }
         }
     }
 
@@ -250,6 +327,8 @@ impl CachedStore {
         };
         loop {
             self.pump_once(map.take());
+            // Writebacks that finished made room for writes waiting for it.
+            self.admit_waiting();
             if !PumpGuard::again(self) {
                 return;
             }
@@ -454,6 +533,17 @@ fn overlay_extents(inner: Vec<Extent>, offset: u64, dirty: &[(u64, u64)]) -> Vec
         at = end;
     }
     out
+}
+
+impl Drop for CachedStore {
+    /// A store dropped with writes still waiting (its volume removed)
+    /// fails them: nothing is left to write them to.
+    fn drop(&mut self) {
+        for write in std::mem::take(&mut *self.waiting.lock()) {
+            self.flusher.budget().admitted();
+            (write.done)(failed_outcome());
+        }
+    }
 }
 
 impl Ticked for CachedStore {

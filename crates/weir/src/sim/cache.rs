@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!   job write ──> DirtyMap (answered after the budget's pause)
-//!             └─> over the budget: a direct write in the async-write class
+//!             ├─> over the budget: waits for room, then into the DirtyMap
+//!             └─> larger than the budget: a direct write, async-write class
 //!   tick (100 ms) ──> settle, measure the writeback rate (sizes the budget)
 //!   pump ──> writebacks (runs up to 1 MiB) to every copy, async-write class,
 //!            as many as the throttle lets go:
@@ -24,7 +25,8 @@ use std::time::Duration;
 use super::{Pending, Simulation};
 use crate::cache::dirty_map::{Bytes, DirtyMap};
 use crate::cache::{
-    writeback_bytes_max, Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK, WRITEBACK_RUNS_MAX,
+    writeback_bytes_max, Admission, Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK,
+    WRITEBACK_RUNS_MAX,
 };
 use crate::device::model::Nanos;
 use crate::sched::wbt::Wbt;
@@ -101,8 +103,10 @@ pub struct CacheRun {
     pub written_back_bytes: u64,
     pub dirty_at_end_bytes: u64,
     pub limit_at_end_bytes: u64,
-    /// Client writes that went through because the budget was full.
+    /// Client writes that went through, too large for the budget.
     pub direct_writes: u64,
+    /// Client writes that waited for room in the budget.
+    pub waited_writes: u64,
 }
 
 pub(super) struct SimCache {
@@ -132,6 +136,8 @@ pub(super) struct SimCache {
     read_parts: HashMap<u64, (usize, Nanos)>,
     /// Cached writes' replies, held for the budget's pause: (when, request).
     pub(super) replies: BinaryHeap<Reverse<(Nanos, u64)>>,
+    /// Writes waiting for room: (request, offset, length), oldest first.
+    waiting: VecDeque<(u64, u64, u64)>,
     next_tick: Nanos,
     last_written: u64,
     was_busy: bool,
@@ -170,6 +176,7 @@ impl SimCache {
             direct_parts: HashMap::default(),
             read_parts: HashMap::default(),
             replies: BinaryHeap::new(),
+            waiting: VecDeque::new(),
             next_tick: nanos(SETTLE_TICK),
             last_written: 0,
             was_busy: false,
@@ -233,6 +240,42 @@ impl SimCache {
     pub(super) fn covers(&self, start: u64, end: u64) -> bool {
         self.map.covers(start, end)
     }
+
+    /// Copy a write into the map; its reply after the budget's pause if
+    /// `paced`, else now (it waited for room).
+    fn cache_write(&mut self, id: u64, offset: u64, length: u64, now: Nanos, paced: bool) {
+        let bytes = Arc::new(SimBytes {
+            zeros: Arc::clone(&self.zeros),
+            length: length as usize,
+            _charge: self.budget.charge(length),
+        });
+        self.map.write(offset, bytes);
+        let pause = if paced {
+            nanos(self.budget.pause(length))
+        } else {
+            0
+        };
+        self.replies.push(Reverse((now + pause, id)));
+    }
+
+    /// Cache the waiting writes that fit now, oldest first.
+    fn admit_waiting(&mut self, now: Nanos) {
+        while let Some(&(id, offset, length)) = self.waiting.front() {
+            let too_large = self.budget.too_large(length);
+            if !too_large && !self.budget.fits(length) {
+                return;
+            }
+            self.waiting.pop_front();
+            self.budget.admitted();
+            if too_large {
+                self.run.direct_writes += 1;
+                self.directs.insert(id, (offset, length));
+                self.map.direct(offset, offset + length, false, id);
+            } else {
+                self.cache_write(id, offset, length, now, false);
+            }
+        }
+    }
 }
 
 impl Simulation {
@@ -249,19 +292,17 @@ impl Simulation {
         self.pending
             .insert(id, Pending::client(job, arrived, length, 0));
         let cache = self.cache.as_mut().expect("a cache");
-        if cache.budget.would_exceed(length) {
-            cache.run.direct_writes += 1;
-            cache.directs.insert(id, (offset, length));
-            cache.map.direct(offset, offset + length, false, id);
-        } else {
-            let bytes = Arc::new(SimBytes {
-                zeros: Arc::clone(&cache.zeros),
-                length: length as usize,
-                _charge: cache.budget.charge(length),
-            });
-            cache.map.write(offset, bytes);
-            let pause = nanos(cache.budget.pause(length));
-            cache.replies.push(Reverse((now + pause, id)));
+        match cache.budget.admit(length) {
+            Admission::Cache => cache.cache_write(id, offset, length, now, true),
+            Admission::Wait => {
+                cache.run.waited_writes += 1;
+                cache.waiting.push_back((id, offset, length));
+            }
+            Admission::Through => {
+                cache.run.direct_writes += 1;
+                cache.directs.insert(id, (offset, length));
+                cache.map.direct(offset, offset + length, false, id);
+            }
         }
         self.pump_cache(now);
     }
@@ -271,6 +312,7 @@ impl Simulation {
         let Some(cache) = self.cache.as_mut() else {
             return;
         };
+        cache.admit_waiting(now);
         let pressure = cache.budget.under_pressure();
         let (runs, bytes) = cache.slots();
         let writebacks = cache

@@ -218,7 +218,7 @@ fn a_failed_write_back_fails_every_later_flush_and_fua_but_reads_still_see_the_b
 }
 
 #[test]
-fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
+fn a_write_past_the_budget_waits_unanswered_until_writeback_makes_room() {
     let (store, cache, flusher) = setup(Some(1 << 20));
     store.hold.store(true, Ordering::SeqCst);
     // Three quarters of the budget are dirty, so their write-back starts
@@ -241,16 +241,54 @@ fn writes_past_the_budget_go_through_to_the_store_after_older_cached_bytes() {
         op,
         Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
     );
-    // Past the budget, the write goes through, and it waits for the older
-    // bytes in its range to reach the store first.
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    assert_eq!(flusher.budget().waiting(), 1);
+    assert_eq!(
+        store.held.lock().unwrap().len(),
+        1,
+        "only the write-back reached the store"
+    );
+    // The write-back completes, its memory is freed, and the waiting write
+    // is cached and answered.
+    store.release();
+    assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+    assert_eq!(flusher.budget().waiting(), 0);
+    assert_eq!(read(&cache, 0, 4096), vec![4; 4096]);
+    flush(&cache).unwrap();
+    assert_eq!(store.at(0, 4096), vec![4; 4096], "the newer write, last");
+    assert_eq!(store.at(600 << 10, 4096), vec![3; 4096]);
+    assert_eq!(cache.dirty_bytes(), 0);
+    flusher.stop();
+}
+
+#[test]
+fn a_write_larger_than_the_budget_goes_through_after_older_cached_bytes() {
+    let (store, cache, flusher) = setup(Some(512 << 10));
+    store.hold.store(true, Ordering::SeqCst);
+    write(&cache, 0, 3, 384 << 10, false).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let op = DeviceOp::Write {
+        offset: 0,
+        buf: filled(4, 768 << 10).into(),
+        durable: false,
+    };
+    cache.submit(
+        IoClass::SyncWrite,
+        op,
+        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
+    );
+    // It waits for the older bytes in its range to reach the store first.
     assert!(rx
         .recv_timeout(std::time::Duration::from_millis(200))
         .is_err());
     store.release();
     assert!(rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
     assert_eq!(store.at(0, 4096), vec![4; 4096], "written through, last");
-    assert_eq!(store.at(600 << 10, 4096), vec![3; 4096]);
+    assert_eq!(store.at((768 << 10) - 4096, 4096), vec![4; 4096]);
     assert_eq!(cache.dirty_bytes(), 0);
+    assert_eq!(flusher.budget().used_bytes(), 0);
     flusher.stop();
 }
 
@@ -260,9 +298,9 @@ fn threads_writing_at_once_past_a_small_budget_read_their_newest_bytes_and_flush
     const BLOCKS_EACH: u64 = 16;
     const ROUNDS: u64 = 300;
     const BLOCK: u64 = 4096;
-    // A budget of half the blocks written: writers are paused, pass the
-    // limit and write through, and writeback runs with and without
-    // pressure, all at once.
+    // A budget of half the blocks written: writers are paused, wait for
+    // room past the limit, and writeback runs with and without pressure,
+    // all at once.
     let (store, cache, flusher) = setup(Some(THREADS * BLOCKS_EACH * BLOCK / 2));
     let releasing = AtomicBool::new(true);
     std::thread::scope(|scope| {

@@ -470,8 +470,9 @@ fn run_seed(seed: u64) -> Result<(), String> {
 /// One whole run, every decision drawn from `rng` (seeded, or scripted by
 /// a fuzzer).
 pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
-    // A small budget sends some writes through to the store.
-    let limit = [256 << 10, 4 << 20][rng.below(2) as usize];
+    // A small budget makes writes wait for room, a tiny one sends the
+    // larger writes (up to 32 KiB) through to the store.
+    let limit = [16 << 10, 64 << 10, 4 << 20][rng.below(3) as usize];
     let store = SimStore::new();
     let flusher = Flusher::manual(DirtyBudget::new(Some(limit)));
     let cache = CachedStore::new(Arc::clone(&store) as Arc<dyn Store>, &flusher);
