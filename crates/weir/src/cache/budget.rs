@@ -30,7 +30,7 @@ use std::time::Duration;
 /// random 4 KiB writes at under 1 MB/s, about a second of write-back.
 const LIMIT_FLOOR_BYTES: u64 = 1 << 20;
 /// The limit before any writeback rate has been measured.
-const LIMIT_INITIAL_BYTES: u64 = 16 << 20;
+const LIMIT_INITIAL_BYTES: u64 = 4 << 20;
 /// The measured limit holds this long a burst of writeback.
 const LIMIT_SECONDS: f64 = 1.0;
 /// The limit grows by at most this factor per second of measurement,

@@ -188,10 +188,10 @@ fn unthrottled_writeback_stalls_a_reader_and_the_throttles_hold_it_back() {
         "name=w,rw=write,bs=1m,qd=8",
     ];
     let p99 = |run: &MirrorRun| run.streams[0].latency.quantile_ns(0.99);
-    // Long enough for the dirty limit to grow from its initial 16 MiB to
+    // Long enough for the dirty limit to grow from its initial 4 MiB to
     // a second of this drive's writes: the queue that stalls the reader
     // under no throttle is built from that much dirty data.
-    let seconds = 10;
+    let seconds = 30;
     let none = cached_run(&["ssd,size=64G"], WbThrottle::None, &job_texts, seconds);
     let wbt = cached_run(&["ssd,size=64G"], WbThrottle::Wbt, &job_texts, seconds);
     let adaptive = cached_run(&["ssd,size=64G"], WbThrottle::Adaptive, &job_texts, seconds);
