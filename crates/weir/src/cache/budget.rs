@@ -25,10 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The limit is never set below this from measurement, so that adjacent
-/// writes can still be joined into a device-sized run: on an HDD taking
-/// random 4 KiB writes at under 1 MB/s, about a second of write-back.
-const LIMIT_FLOOR_BYTES: u64 = 1 << 20;
+/// The limit is never set below this from measurement. Below it, every
+/// write is under pressure and goes out alone, unjoined: on an HDD a
+/// sequential writer then measures the disk at a tenth of its streaming
+/// rate, and the limit sized from that rate never grows back. On an HDD
+/// taking random 4 KiB writes at under 1 MB/s, a few seconds of
+/// write-back.
+const LIMIT_FLOOR_BYTES: u64 = 4 << 20;
 /// The limit before any writeback rate has been measured.
 const LIMIT_INITIAL_BYTES: u64 = 4 << 20;
 /// The measured limit holds this long a burst of writeback.

@@ -7,8 +7,9 @@
 //!   pump  ──> writeback: a run of adjacent pieces, copied out, marked writing
 //!   flush ──> waits until every write answered before it has reached the
 //!             store (its piece written back, or superseded by data that was)
-//!   direct──> FUA writes, zeroing, trims and writes past the budget go to the
-//!             store themselves, after older cached data in their range
+//!   direct──> FUA writes, zeroing, trims and writes larger than the
+//!             budget go to the store themselves, after older cached data
+//!             in their range
 //! ```
 //!
 //! Generations order everything: each write, flush and direct op takes the
@@ -165,7 +166,7 @@ pub struct DirtyMap<F, D> {
     /// their ranges. They are looked at again only after something that
     /// can unblock one touched that union (a store op in their range
     /// completed, or a write replaced older bytes there): with hundreds
-    /// of writes past the budget waiting, checking all of them on every
+    /// of direct ops waiting, checking all of them on every
     /// request took a seventh of the server's CPU time.
     directs_checked: usize,
     directs_blocked: RangeUnion,
@@ -462,8 +463,8 @@ impl<F, D> DirtyMap<F, D> {
 
     /// An op that must reach the store after the cached data older than it
     /// in `[start, end)`, and before anything newer there. `urgent` if a
-    /// client waits on it (not a write past the budget, which is itself
-    /// write-back). Returns its generation.
+    /// client waits on it (not a write larger than the budget, which is
+    /// itself write-back). Returns its generation.
     pub fn direct(&mut self, start: u64, end: u64, urgent: bool, token: D) -> u64 {
         let gen = self.take_gen();
         self.directs.push_back(DirectWait {

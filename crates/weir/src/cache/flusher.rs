@@ -1,7 +1,8 @@
 //! The cache's one background thread: it releases writers' paused
 //! replies when their pause ends, and on every tick lets each cache's
 //! written pieces settle and start background writeback, and measures
-//! the writeback rate that sizes the budget.
+//! the writeback rate that sizes the budget, over the time writeback was
+//! busy.
 
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -13,10 +14,26 @@ use super::pauses::{self, PausedReplies, Reply, RELEASE_SLACK};
 /// What one tick saw, for the rate that sizes the budget.
 pub struct TickStats {
     /// Bytes this cache has written to the store, ever: write-back, and
-    /// writes past the budget.
+    /// writes larger than the budget.
     pub written_bytes: u64,
-    /// Writeback was running with more waiting behind it.
-    pub backlogged: bool,
+    /// Time since the last tick during which this cache had writes to the
+    /// store in flight.
+    pub busy: Duration,
+}
+
+/// Busy time below this says too little about the devices' rate. Short:
+/// a device that takes a paced writer's writes into its own cache is busy
+/// for a fraction of a millisecond per write, and only its samples can
+/// lift an estimate that a slower workload left behind.
+pub const RATE_BUSY_MIN: Duration = Duration::from_millis(1);
+
+/// Whether a tick's writeback says how fast the devices take writes: it
+/// ran long enough, and either for most of the tick or while writers
+/// were being paced (when nobody is near the budget, a writeback that ran
+/// one write at a time understates what the devices could take, and the
+/// budget does not matter).
+pub fn rate_sample_counts(busy: Duration, tick: Duration, pressure: bool) -> bool {
+    busy >= RATE_BUSY_MIN && (pressure || busy >= tick / 2)
 }
 
 /// A cache the flusher ticks.
@@ -125,7 +142,6 @@ fn run(weak: Weak<Flusher>) {
     let mut next_tick = Instant::now() + TICK;
     let mut last_written = 0u64;
     let mut last_tick = Instant::now();
-    let mut was_busy = false;
     loop {
         let Some(flusher) = weak.upgrade() else {
             return;
@@ -165,22 +181,20 @@ fn run(weak: Weak<Flusher>) {
                 state.caches.retain(|c| c.strong_count() > 0);
                 state.caches.iter().filter_map(Weak::upgrade).collect()
             };
+            let pressure = flusher.budget.under_pressure();
             let mut written = 0;
-            let mut busy = false;
+            // Caches write to devices in parallel, or share them: the
+            // longest busy time stands for the union of theirs.
+            let mut busy = Duration::ZERO;
             for cache in &caches {
                 let stats = cache.tick();
                 written += stats.written_bytes;
-                busy |= stats.backlogged;
+                busy = busy.max(stats.busy);
             }
             let now = Instant::now();
-            // Only a tick in which writeback had work throughout says how
-            // fast the devices take it.
-            if busy && was_busy && written > last_written {
-                flusher
-                    .budget
-                    .record_rate(written - last_written, now - last_tick);
+            if written > last_written && rate_sample_counts(busy, now - last_tick, pressure) {
+                flusher.budget.record_rate(written - last_written, busy);
             }
-            was_busy = busy;
             last_written = written;
             last_tick = now;
             next_tick = now + TICK;

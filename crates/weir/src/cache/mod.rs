@@ -23,6 +23,7 @@
 //! scheduler holds back from client reads by the read latency it measures.
 
 mod budget;
+pub(crate) mod busy;
 pub mod dirty_map;
 pub(crate) mod flusher;
 mod pauses;

@@ -7,10 +7,11 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use super::busy::BusyClock;
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
 use super::{Admission, Charge};
@@ -93,10 +94,13 @@ pub struct CachedStore {
     map: Mutex<Map>,
     flusher: Arc<Flusher>,
     /// Bytes written to the store for the cache: write-back, and writes
-    /// that went through past the budget.
+    /// that went through, larger than the budget.
     written_bytes: AtomicU64,
     /// Writes waiting for room, oldest first.
     waiting: Mutex<VecDeque<Waiting>>,
+    /// When writes counted in `written_bytes` were in flight, since `born`.
+    busy: Mutex<BusyClock>,
+    born: Instant,
     me: std::sync::Weak<CachedStore>,
 }
 
@@ -112,6 +116,8 @@ impl CachedStore {
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
             waiting: Mutex::new(VecDeque::new()),
+            busy: Mutex::new(BusyClock::default()),
+            born: Instant::now(),
             me: me.clone(),
         });
         let weak: std::sync::Weak<CachedStore> = Arc::downgrade(&store);
@@ -280,6 +286,14 @@ impl CachedStore {
         }
     }
 
+    fn busy_start(&self) {
+        self.busy.lock().start(self.born.elapsed());
+    }
+
+    fn busy_end(&self) {
+        self.busy.lock().end(self.born.elapsed());
+    }
+
     fn direct(&self, class: IoClass, op: DeviceOp, done: Completion) {
         let (start, length) = op.range();
         let mut map = self.map();
@@ -359,17 +373,24 @@ impl CachedStore {
         }
         for (id, direct) in directs {
             let me = self.me.upgrade().expect("a cache pumps while it lives");
-            // Writes past the budget count in the rate the budget is sized
-            // by: they are write-back the devices took, and counting only
-            // the cached part would read a device kept busy by them as slow.
+            // Writes larger than the budget count in the rate the budget is
+            // sized by: they are write-back the devices took, and counting
+            // only the cached part would read a device kept busy by them as
+            // slow.
             let stored = match &direct.op {
                 DeviceOp::Write { buf, .. } => buf.len() as u64,
                 _ => 0,
             };
+            if stored > 0 {
+                self.busy_start();
+            }
             self.inner.submit(
                 direct.class,
                 direct.op,
                 Box::new(move |outcome| {
+                    if stored > 0 {
+                        me.busy_end();
+                    }
                     if outcome.result.is_ok() {
                         me.written_bytes.fetch_add(stored, Ordering::Relaxed);
                     }
@@ -413,10 +434,12 @@ impl CachedStore {
             buf,
             durable: false,
         };
+        self.busy_start();
         self.inner.submit(
             class,
             op,
             Box::new(move |outcome| {
+                me.busy_end();
                 drop(charge);
                 let ok = outcome.result.is_ok();
                 if let Err(err) = &outcome.result {
@@ -550,10 +573,9 @@ impl Ticked for CachedStore {
     fn tick(&self) -> TickStats {
         self.map().settle();
         self.pump();
-        let map = self.map();
         TickStats {
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
-            backlogged: map.writebacks_in_flight() > 0 && map.dirty_bytes() > 0,
+            busy: self.busy.lock().take(self.born.elapsed()),
         }
     }
 }

@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Pending, Simulation};
+use crate::cache::busy::BusyClock;
 use crate::cache::dirty_map::{Bytes, DirtyMap};
+use crate::cache::flusher::rate_sample_counts;
 use crate::cache::{
     writeback_bytes_max, Admission, Charge, DirtyBudget, RUN_BYTES_MAX, SETTLE_TICK,
     WRITEBACK_RUNS_MAX,
@@ -140,7 +142,9 @@ pub(super) struct SimCache {
     waiting: VecDeque<(u64, u64, u64)>,
     next_tick: Nanos,
     last_written: u64,
-    was_busy: bool,
+    /// When writebacks and direct writes were in flight.
+    busy: BusyClock,
+    last_tick: Nanos,
     run: CacheRun,
 }
 
@@ -179,7 +183,8 @@ impl SimCache {
             waiting: VecDeque::new(),
             next_tick: nanos(SETTLE_TICK),
             last_written: 0,
-            was_busy: false,
+            busy: BusyClock::default(),
+            last_tick: 0,
             run: CacheRun::default(),
         }
     }
@@ -328,6 +333,7 @@ impl Simulation {
                 IoClass::AsyncWrite
             };
             let cache = self.cache.as_mut().expect("a cache");
+            cache.busy.start(Duration::from_nanos(now));
             cache.writebacks.insert(
                 writeback.id,
                 WritebackState {
@@ -434,6 +440,7 @@ impl Simulation {
         state.parts_left -= 1;
         if state.parts_left == 0 {
             let state = cache.writebacks.remove(&id).expect("present");
+            cache.busy.end(Duration::from_nanos(at));
             cache.map.writeback_done(id, true);
             cache.run.written_back_bytes += state.length;
         }
@@ -468,17 +475,17 @@ impl Simulation {
         }
         if cache.next_tick <= now {
             cache.map.settle();
-            // As the server's flusher: only a tick in which writeback had
-            // work throughout says how fast the devices take it.
+            // As the server's flusher: the rate over the time writeback
+            // was busy.
             let written = cache.run.written_back_bytes;
-            let busy = !cache.writebacks.is_empty() && cache.map.dirty_bytes() > 0;
-            if busy && cache.was_busy && written > cache.last_written {
-                cache
-                    .budget
-                    .record_rate(written - cache.last_written, SETTLE_TICK);
+            let busy = cache.busy.take(Duration::from_nanos(now));
+            let pressure = cache.budget.under_pressure();
+            let tick = Duration::from_nanos(now - cache.last_tick);
+            if written > cache.last_written && rate_sample_counts(busy, tick, pressure) {
+                cache.budget.record_rate(written - cache.last_written, busy);
             }
-            cache.was_busy = busy;
             cache.last_written = written;
+            cache.last_tick = now;
             cache.next_tick += nanos(SETTLE_TICK);
         }
         self.pump_cache(now);

@@ -120,7 +120,7 @@ fn the_bytes_ahead_of_a_write_past_the_budget_go_first_but_in_the_background() {
     );
     assert!(
         !runs[0].urgent,
-        "no client waits on a write past the budget"
+        "no client waits on a write larger than the budget"
     );
 }
 
