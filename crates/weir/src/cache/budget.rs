@@ -45,8 +45,8 @@ pub const LIMIT_GROWTH_PER_SECOND: f64 = 2.0;
 const RAM_SHARE: u64 = 8;
 /// Writers are not slowed below this share of the limit.
 const PAUSE_FROM: f64 = 0.5;
-/// The longest pause one write gets: beyond it, the write is written
-/// through instead (Linux's balance_dirty_pages pauses up to 200 ms).
+/// The longest pause one write gets (Linux's balance_dirty_pages pauses
+/// up to 200 ms); past the limit, a write waits for room instead.
 const PAUSE_MAX: Duration = Duration::from_millis(100);
 /// The writeback rate assumed until one is measured (bytes/s); the
 /// first sample replaces it.
@@ -182,13 +182,14 @@ impl DirtyBudget {
         )
     }
 
-    /// Writeback moved `bytes` in `elapsed` while it had work throughout:
-    /// a sample of the rate the devices can take.
-    pub fn record_rate(&self, bytes: u64, elapsed: Duration) {
-        if elapsed.is_zero() || bytes == 0 {
+    /// Writeback moved `bytes` while it was busy for `busy`, over a tick
+    /// of `tick`: a sample of the rate the devices take. The limit grows
+    /// by the tick's length, the rate by the busy time.
+    pub fn record_rate(&self, bytes: u64, busy: Duration, tick: Duration) {
+        if busy.is_zero() || bytes == 0 {
             return;
         }
-        let sample = bytes as f64 / elapsed.as_secs_f64();
+        let sample = bytes as f64 / busy.as_secs_f64();
         let first = self.unmeasured.swap(false, Ordering::Relaxed);
         let mut rate = 0.0;
         let _ = self
@@ -206,7 +207,7 @@ impl DirtyBudget {
             let _ = self
                 .limit
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
-                    Some(next_limit(limit, target, elapsed))
+                    Some(next_limit(limit, target, tick))
                 });
         }
     }
@@ -299,13 +300,13 @@ mod tests {
         drop(charge);
         assert_eq!(budget.used_bytes(), 0);
         for _ in 0..40 {
-            budget.record_rate(500 << 20, Duration::from_secs(1));
+            budget.record_rate(500 << 20, Duration::from_secs(1), Duration::from_secs(1));
         }
         let limit = budget.limit_bytes();
         let expected = (500u64 << 20).min(budget.ram_cap);
         assert!(limit.abs_diff(expected) < expected / 100, "{limit}");
         let fixed = DirtyBudget::new(Some(8 << 20));
-        fixed.record_rate(500 << 20, Duration::from_secs(1));
+        fixed.record_rate(500 << 20, Duration::from_secs(1), Duration::from_secs(1));
         assert_eq!(fixed.limit_bytes(), 8 << 20);
     }
 
@@ -317,7 +318,7 @@ mod tests {
         let tick = Duration::from_millis(100);
         let mut highest = 0;
         for _ in 0..4 {
-            budget.record_rate(7_200_000, tick);
+            budget.record_rate(7_200_000, tick, tick);
             highest = highest.max(budget.limit_bytes());
         }
         assert!(
@@ -325,13 +326,13 @@ mod tests {
             "the burst raised the limit to {highest}"
         );
         for _ in 0..20 {
-            budget.record_rate(100_000, tick);
+            budget.record_rate(100_000, tick, tick);
         }
         assert_eq!(budget.limit_bytes(), LIMIT_FLOOR_BYTES);
         assert!(budget.rate_bytes_per_second() < 2e6);
         // A sustained fast device still reaches its second of writeback.
         for _ in 0..100 {
-            budget.record_rate(15_000_000, tick);
+            budget.record_rate(15_000_000, tick, tick);
         }
         let limit = budget.limit_bytes();
         assert!(limit.abs_diff(150_000_000) < 1_500_000, "{limit}");

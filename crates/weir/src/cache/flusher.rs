@@ -193,7 +193,9 @@ fn run(weak: Weak<Flusher>) {
             }
             let now = Instant::now();
             if written > last_written && rate_sample_counts(busy, now - last_tick, pressure) {
-                flusher.budget.record_rate(written - last_written, busy);
+                flusher
+                    .budget
+                    .record_rate(written - last_written, busy, now - last_tick);
             }
             last_written = written;
             last_tick = now;

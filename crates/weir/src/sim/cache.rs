@@ -482,7 +482,9 @@ impl Simulation {
             let pressure = cache.budget.under_pressure();
             let tick = Duration::from_nanos(now - cache.last_tick);
             if written > cache.last_written && rate_sample_counts(busy, tick, pressure) {
-                cache.budget.record_rate(written - cache.last_written, busy);
+                cache
+                    .budget
+                    .record_rate(written - cache.last_written, busy, tick);
             }
             cache.last_written = written;
             cache.last_tick = now;
