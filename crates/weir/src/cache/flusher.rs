@@ -203,3 +203,39 @@ fn run(weak: Weak<Flusher>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paced_writers_short_writeback_counts_and_an_idle_one_does_not() {
+        let ms = Duration::from_millis;
+        // Writes landing in a drive's cache: busy 2 ms of the tick. They
+        // say how fast the device is while writers are paced...
+        assert!(rate_sample_counts(ms(2), TICK, true));
+        // ...but not when nobody is near the budget.
+        assert!(!rate_sample_counts(ms(2), TICK, false));
+        assert!(rate_sample_counts(ms(60), TICK, false));
+        // Too short to say anything.
+        assert!(!rate_sample_counts(Duration::from_micros(500), TICK, true));
+    }
+
+    #[test]
+    fn samples_over_busy_time_lift_an_estimate_a_slow_workload_left_behind() {
+        let budget = DirtyBudget::new(None);
+        let tick = TICK;
+        // Random writes to a disk: 0.3 MB/s, busy all the time.
+        for _ in 0..30 {
+            budget.record_rate(30_000, tick, tick);
+        }
+        assert!(budget.rate_bytes_per_second() < 0.5e6);
+        // A paced sequential writer: 640 KiB per tick, each write taking
+        // 0.3 ms in the drive's cache, 6 ms of busy time.
+        for _ in 0..30 {
+            budget.record_rate(640 << 10, Duration::from_millis(6), tick);
+        }
+        assert!(budget.rate_bytes_per_second() > 50e6);
+        assert!(budget.limit_bytes() > 8 << 20, "{}", budget.limit_bytes());
+    }
+}

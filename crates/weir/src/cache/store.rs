@@ -96,7 +96,8 @@ pub struct CachedStore {
     /// Bytes written to the store for the cache: write-back, and writes
     /// that went through, larger than the budget.
     written_bytes: AtomicU64,
-    /// Writes waiting for room, oldest first.
+    /// Writes waiting for room, oldest first. Bounded by the requests
+    /// clients may have in flight: each connection's request budget.
     waiting: Mutex<VecDeque<Waiting>>,
     /// When writes counted in `written_bytes` were in flight, since `born`.
     busy: Mutex<BusyClock>,

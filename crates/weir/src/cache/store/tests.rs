@@ -133,6 +133,28 @@ fn write(cache: &CachedStore, offset: u64, value: u8, len: usize, durable: bool)
     run(cache, IoClass::SyncWrite, op).result
 }
 
+/// Send a write without waiting for its answer: whether it succeeded
+/// arrives on the returned channel.
+fn write_unanswered(
+    cache: &CachedStore,
+    offset: u64,
+    value: u8,
+    len: usize,
+) -> mpsc::Receiver<bool> {
+    let (tx, rx) = mpsc::channel();
+    let op = DeviceOp::Write {
+        offset,
+        buf: filled(value, len).into(),
+        durable: false,
+    };
+    cache.submit(
+        IoClass::SyncWrite,
+        op,
+        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
+    );
+    rx
+}
+
 fn read(cache: &CachedStore, offset: u64, len: usize) -> Vec<u8> {
     let op = DeviceOp::Read {
         offset,
@@ -230,17 +252,7 @@ fn a_write_past_the_budget_waits_unanswered_until_writeback_makes_room() {
         768 << 10,
         "a run of one write's bytes is not copied"
     );
-    let (tx, rx) = mpsc::channel();
-    let op = DeviceOp::Write {
-        offset: 0,
-        buf: filled(4, 384 << 10).into(),
-        durable: false,
-    };
-    cache.submit(
-        IoClass::SyncWrite,
-        op,
-        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
-    );
+    let rx = write_unanswered(&cache, 0, 4, 384 << 10);
     assert!(rx
         .recv_timeout(std::time::Duration::from_millis(200))
         .is_err());
@@ -268,17 +280,7 @@ fn a_write_larger_than_the_budget_goes_through_after_older_cached_bytes() {
     let (store, cache, flusher) = setup(Some(512 << 10));
     store.hold.store(true, Ordering::SeqCst);
     write(&cache, 0, 3, 384 << 10, false).unwrap();
-    let (tx, rx) = mpsc::channel();
-    let op = DeviceOp::Write {
-        offset: 0,
-        buf: filled(4, 768 << 10).into(),
-        durable: false,
-    };
-    cache.submit(
-        IoClass::SyncWrite,
-        op,
-        Box::new(move |outcome| tx.send(outcome.result.is_ok()).unwrap()),
-    );
+    let rx = write_unanswered(&cache, 0, 4, 768 << 10);
     // It waits for the older bytes in its range to reach the store first.
     assert!(rx
         .recv_timeout(std::time::Duration::from_millis(200))
