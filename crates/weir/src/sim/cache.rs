@@ -142,7 +142,7 @@ pub(super) struct SimCache {
     waiting: VecDeque<(u64, u64, u64)>,
     next_tick: Nanos,
     last_written: u64,
-    /// When writebacks and direct writes were in flight.
+    /// When writebacks were in flight: the rate counts their bytes.
     busy: BusyClock,
     last_tick: Nanos,
     run: CacheRun,
@@ -273,13 +273,19 @@ impl SimCache {
             self.waiting.pop_front();
             self.budget.admitted();
             if too_large {
-                self.run.direct_writes += 1;
-                self.directs.insert(id, (offset, length));
-                self.map.direct(offset, offset + length, false, id);
+                self.write_through(id, offset, length);
             } else {
                 self.cache_write(id, offset, length, now, false);
             }
         }
+    }
+
+    /// A write larger than the limit goes to the devices, after the
+    /// cached bytes it overlaps.
+    fn write_through(&mut self, id: u64, offset: u64, length: u64) {
+        self.run.direct_writes += 1;
+        self.directs.insert(id, (offset, length));
+        self.map.direct(offset, offset + length, false, id);
     }
 }
 
@@ -303,11 +309,7 @@ impl Simulation {
                 cache.run.waited_writes += 1;
                 cache.waiting.push_back((id, offset, length));
             }
-            Admission::Through => {
-                cache.run.direct_writes += 1;
-                cache.directs.insert(id, (offset, length));
-                cache.map.direct(offset, offset + length, false, id);
-            }
+            Admission::Through => cache.write_through(id, offset, length),
         }
         self.pump_cache(now);
     }
