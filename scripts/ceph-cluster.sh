@@ -12,7 +12,8 @@
 # Every daemon listens on 127.0.0.1 only. Clients use the cluster with
 # `-c DIR/ceph.conf` (the keyring path is in it), e.g. `rbd -c DIR/ceph.conf ls`.
 # Environment: CEPH_OSD_SIZE (each OSD's file, default 4G, sparse),
-# CEPH_MON_PORT (default: a free port).
+# CEPH_MON_PORT (default: a free port), CEPH_MIN_FREE_MIB (free space DIR's
+# filesystem must have at start, default 512).
 set -euo pipefail
 
 usage() {
@@ -30,6 +31,14 @@ ceph_cli() { timeout 60 ceph -c "$conf" "$@"; }
 
 free_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# A daemon that refuses to start says why only in its log: show the errors.
+report_daemon_errors() {
+  [ -d "$dir/log" ] || return 0
+  local errors
+  errors="$(grep -h -- ' -1 ' "$dir"/log/*.log 2>/dev/null | tail -n 5 || true)"
+  [ -z "$errors" ] || printf 'ceph-cluster: the daemons logged:\n%s\n' "$errors" >&2
 }
 
 # Wait up to $1 seconds for a command to succeed.
@@ -93,6 +102,13 @@ start() {
     }
   done
   mkdir -p "$dir"/{run,log,mon,mgr,osd}
+  local free_mib min_free_mib="${CEPH_MIN_FREE_MIB:-512}"
+  free_mib="$(df -P -m "$dir" | awk 'NR == 2 { print $4 }')"
+  if [ "$free_mib" -lt "$min_free_mib" ]; then
+    echo "ceph-cluster: $dir has ${free_mib} MiB free; the cluster needs ${min_free_mib} MiB" >&2
+    exit 1
+  fi
+  trap 'status=$?; [ "$status" -eq 0 ] || report_daemon_errors' EXIT
   local fsid port
   fsid="$(cat /proc/sys/kernel/random/uuid)"
   port="${CEPH_MON_PORT:-$(free_port)}"
@@ -122,8 +138,10 @@ mon osd down out interval = 0
 mon warn on osd down out interval zero = false
 auth allow insecure global id reclaim = false
 # Small daemons: this cluster shares the machine with its clients.
-mon data avail warn = 2
-mon data avail crit = 1
+# Free space is checked in MiB at start; a percentage of a large shared disk
+# means nothing here, so the monitor never refuses to start or stops for it.
+mon data avail warn = 1
+mon data avail crit = -1
 
 [client]
 keyring = $dir/ceph.client.admin.keyring

@@ -24,8 +24,25 @@ CLUSTER = {}
 PARTLY_TRIMMED = b"\x5a" * (512 * 1024) + bytes(256 * 1024) + b"\x5a" * (256 * 1024)
 
 
+# The cluster and the tests' images need well under this; a shared machine's
+# disk can run short of it, and then the cluster runs in memory.
+CLUSTER_ROOM_BYTES = 2 << 30
+
+
+def cluster_parent_dir():
+    """The temporary directory, or /dev/shm when its disk is short of room."""
+    default = tempfile.gettempdir()
+    if shutil.disk_usage(default).free >= CLUSTER_ROOM_BYTES:
+        return default
+    memory = "/dev/shm"
+    if os.path.isdir(memory) and shutil.disk_usage(memory).free >= CLUSTER_ROOM_BYTES:
+        print(f"test_rbd: {default} is short of room; the Ceph cluster runs under {memory}")
+        return memory
+    return default
+
+
 def setUpModule():
-    CLUSTER["dir"] = tempfile.mkdtemp(prefix="weir-ceph-")
+    CLUSTER["dir"] = tempfile.mkdtemp(prefix="weir-ceph-", dir=cluster_parent_dir())
     CLUSTER["conf"] = os.path.join(CLUSTER["dir"], "ceph.conf")
     started = time.monotonic()
     try:
