@@ -204,10 +204,11 @@ impl DirtyBudget {
             });
         if !self.configured {
             let target = ((rate * LIMIT_SECONDS) as u64).clamp(LIMIT_FLOOR_BYTES, self.ram_cap);
+            let used = self.used_bytes();
             let _ = self
                 .limit
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
-                    Some(next_limit(limit, target, tick))
+                    Some(next_limit(limit, target, tick, bytes, used))
                 });
         }
     }
@@ -227,11 +228,21 @@ fn next_rate(old: f64, sample: f64) -> f64 {
     old + weight * (sample - old)
 }
 
-/// The limit `elapsed` after it was `limit`, heading for `target`: all
-/// the way down at once, up by at most [`LIMIT_GROWTH_PER_SECOND`].
-fn next_limit(limit: u64, target: u64, elapsed: Duration) -> u64 {
-    let ceiling = limit as f64 * LIMIT_GROWTH_PER_SECOND.powf(elapsed.as_secs_f64());
-    target.min(ceiling as u64)
+/// The limit `elapsed` after it was `limit`, heading for `target`, when
+/// writeback drained `drained` bytes meanwhile and `used` are dirty now.
+/// Up by at most [`LIMIT_GROWTH_PER_SECOND`]. Down by half of what
+/// drained, and at once to that half above what is dirty: a limit that
+/// fell below the dirty memory at once would leave every writer waiting
+/// until writeback had drained the difference (seconds on an HDD), where
+/// this way writers keep half the writeback rate while dirty memory
+/// falls.
+fn next_limit(limit: u64, target: u64, elapsed: Duration, drained: u64, used: u64) -> u64 {
+    if target >= limit {
+        let ceiling = limit as f64 * LIMIT_GROWTH_PER_SECOND.powf(elapsed.as_secs_f64());
+        return target.min(ceiling as u64);
+    }
+    let half = drained / 2;
+    target.max((used + half).min(limit.saturating_sub(half)))
 }
 
 /// The pause for a write of `bytes` when `used` of `limit` is dirty and
@@ -328,6 +339,7 @@ mod tests {
         for _ in 0..20 {
             budget.record_rate(100_000, tick, tick);
         }
+        // Nothing is dirty here, so the limit falls at once.
         assert_eq!(budget.limit_bytes(), LIMIT_FLOOR_BYTES);
         assert!(budget.rate_bytes_per_second() < 2e6);
         // A sustained fast device still reaches its second of writeback.
@@ -336,5 +348,35 @@ mod tests {
         }
         let limit = budget.limit_bytes();
         assert!(limit.abs_diff(150_000_000) < 1_500_000, "{limit}");
+    }
+
+    #[test]
+    fn a_falling_limit_leaves_writers_half_of_what_drains() {
+        // The limit rose to 12 MiB and writers filled it; then the device
+        // shows 1 MB/s. Each tick writeback drains its 100 KB and waiting
+        // writers take whatever room the limit leaves.
+        let budget = DirtyBudget::new(None);
+        let tick = Duration::from_millis(100);
+        for _ in 0..20 {
+            budget.record_rate(5_000_000, tick, tick);
+        }
+        let start = budget.limit_bytes();
+        assert!(start >= 12 << 20, "{start}");
+        let mut dirty = vec![budget.charge(start)];
+        let drained = 100_000;
+        let mut ticks_without_room = 0;
+        for _ in 0..400 {
+            let held = budget.used_bytes() - drained;
+            dirty = vec![budget.charge(held)];
+            budget.record_rate(drained, tick, tick);
+            let room = budget.limit_bytes().saturating_sub(budget.used_bytes());
+            if room < drained / 2 {
+                ticks_without_room += 1;
+            }
+            dirty.push(budget.charge(room));
+        }
+        assert_eq!(ticks_without_room, 0);
+        assert_eq!(budget.limit_bytes(), LIMIT_FLOOR_BYTES);
+        drop(dirty);
     }
 }
