@@ -36,8 +36,8 @@ const LIMIT_FLOOR_BYTES: u64 = 4 << 20;
 const LIMIT_INITIAL_BYTES: u64 = 4 << 20;
 /// The measured limit holds this long a burst of writeback.
 const LIMIT_SECONDS: f64 = 1.0;
-/// The limit grows by at most this factor per second of measurement,
-/// and shrinks as fast as the rate: longer than a drive's write cache
+/// The limit grows by at most this factor per second of measurement
+/// (it shrinks as write-back drains, [`next_limit`]): longer than a drive's write cache
 /// takes to fill at interface speed, short beside the seconds a fast
 /// device's limit takes to reach its share of RAM.
 pub const LIMIT_GROWTH_PER_SECOND: f64 = 2.0;
