@@ -13,7 +13,7 @@ import unittest
 import nbd
 
 from test_pool import MIB, PoolTest
-from weirtest import Weir, sparse_file
+from weirtest import Weir, fetch_metrics, sparse_file
 
 
 def thread_names(pid):
@@ -130,6 +130,11 @@ class Cache(PoolTest):
             allowed = idle + budget + 48 * MIB
             self.assertLess(peak[0], allowed, f"peak RSS {peak[0] >> 20} MiB, idle {idle >> 20} MiB")
             self.assertEqual(h.pread(MIB, 100 * MIB), block)
+            # Every write was answered, so none waits for room any more.
+            gauges = dict(line.split() for line in fetch_metrics(self.data).splitlines()
+                          if line.startswith(("weir_cache_dirty_limit_bytes ", "weir_cache_waiting_writes ")))
+            self.assertEqual(float(gauges["weir_cache_dirty_limit_bytes"]), budget)
+            self.assertEqual(float(gauges["weir_cache_waiting_writes"]), 0)
         finally:
             w.stop()
 

@@ -67,6 +67,8 @@ pub trait CacheReport: Send + Sync {
     fn failed(&self) -> bool;
     /// Server-wide: (memory held, budget).
     fn budget_bytes(&self) -> (u64, u64);
+    /// Server-wide: client writes waiting, unanswered, for room in the budget.
+    fn budget_waiting_writes(&self) -> usize;
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -594,6 +594,10 @@ impl CacheReport for CachedStore {
         let budget = self.flusher.budget();
         (budget.used_bytes(), budget.limit_bytes())
     }
+
+    fn budget_waiting_writes(&self) -> usize {
+        self.flusher.budget().waiting()
+    }
 }
 
 impl Store for CachedStore {

@@ -429,6 +429,11 @@ impl PoolService {
                 vec![],
                 limit as f64,
             ));
+            samples.push(Sample::gauge(
+                "weir_cache_waiting_writes",
+                vec![],
+                cache.budget_waiting_writes() as f64,
+            ));
         }
         let readaheads = self.readaheads.lock();
         for (name, readahead) in readaheads.iter() {
