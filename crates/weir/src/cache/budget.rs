@@ -36,10 +36,10 @@ const LIMIT_FLOOR_BYTES: u64 = 4 << 20;
 const LIMIT_INITIAL_BYTES: u64 = 4 << 20;
 /// The measured limit holds this long a burst of writeback.
 const LIMIT_SECONDS: f64 = 1.0;
-/// The limit grows by at most this factor per second of measurement
-/// (it shrinks as write-back drains, [`next_limit`]): longer than a drive's write cache
-/// takes to fill at interface speed, short beside the seconds a fast
-/// device's limit takes to reach its share of RAM.
+/// The limit grows by at most this factor per second of measurement (it
+/// shrinks as write-back drains, [`next_limit`]): longer than a drive's
+/// write cache takes to fill at interface speed, short beside the seconds
+/// a fast device's limit takes to reach its share of RAM.
 pub const LIMIT_GROWTH_PER_SECOND: f64 = 2.0;
 /// Dirty memory never exceeds this share of RAM unless configured.
 const RAM_SHARE: u64 = 8;
@@ -352,7 +352,7 @@ mod tests {
 
     #[test]
     fn a_falling_limit_leaves_writers_half_of_what_drains() {
-        // The limit rose to 12 MiB and writers filled it; then the device
+        // The limit rose to 16 MiB and writers filled it; then the device
         // shows 1 MB/s. Each tick writeback drains its 100 KB and waiting
         // writers take whatever room the limit leaves.
         let budget = DirtyBudget::new(None);
