@@ -39,6 +39,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("weir_volume_failed", "1 once a write-back to the volume failed: every later write and FLUSH fails."),
     ("weir_cache_dirty_bytes", "Memory held by all write-back caches, write-back copies included."),
     ("weir_cache_dirty_limit_bytes", "The dirty-memory budget all write-back caches share."),
+    ("weir_cache_waiting_writes", "Client writes waiting, unanswered, for room in the dirty-memory budget."),
     ("weir_volume_readahead_hits", "Client reads answered from read-ahead data, or from a read-ahead in flight."),
     ("weir_volume_readahead_misses", "Client reads of a volume with readahead that went to its devices."),
     ("weir_volume_readahead_bytes", "Bytes read ahead."),
