@@ -167,6 +167,12 @@ impl DirtyBudget {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Writers are held back: some wait for room, or replies are paused.
+    /// Writeback's completions are then what answers them.
+    pub fn pacing(&self) -> bool {
+        self.waiting() > 0 || self.used_bytes() as f64 > self.limit_bytes() as f64 * PAUSE_FROM
+    }
+
     /// Writeback should run without waiting for pieces to settle.
     pub fn under_pressure(&self) -> bool {
         self.used_bytes() as f64 >= self.limit_bytes() as f64 * PAUSE_FROM / 2.0
@@ -319,6 +325,24 @@ mod tests {
         let fixed = DirtyBudget::new(Some(8 << 20));
         fixed.record_rate(500 << 20, Duration::from_secs(1), Duration::from_secs(1));
         assert_eq!(fixed.limit_bytes(), 8 << 20);
+    }
+
+    #[test]
+    fn writers_are_paced_past_half_the_limit_or_while_one_waits() {
+        let budget = DirtyBudget::new(Some(8 << 20));
+        let half = budget.charge(4 << 20);
+        assert!(!budget.pacing(), "at half the limit no reply is paused");
+        let more = budget.charge(4096);
+        assert!(budget.pacing(), "past half, replies are paused");
+        drop((half, more));
+        assert!(!budget.pacing());
+        assert!(matches!(budget.admit(16 << 20), Admission::Through));
+        let full = budget.charge(8 << 20);
+        assert!(matches!(budget.admit(4096), Admission::Wait));
+        drop(full);
+        assert!(budget.pacing(), "a write waits for room");
+        budget.admitted();
+        assert!(!budget.pacing());
     }
 
     #[test]

@@ -436,8 +436,23 @@ impl CachedStore {
             durable: false,
         };
         self.busy_start();
-        self.inner.submit(
-            class,
+        // Writeback no client waits on is reaped by the device threads, not
+        // by the thread that pumped: a connection thread with ops on its own
+        // ring sleeps on that ring instead of polling its socket, and its
+        // client's next request waits for the wake-up. Writeback a client
+        // does wait on stays on this thread's ring: for a flush, and while
+        // writers are paced, where its completions make the room their
+        // replies come from (from a device thread, each reply would cost its
+        // connection a wake-up instead).
+        let background = !urgent && !self.flusher.budget().pacing();
+        let submit = |op, done| {
+            if background {
+                crate::device::without_thread_ring(|| self.inner.submit(class, op, done))
+            } else {
+                self.inner.submit(class, op, done)
+            }
+        };
+        submit(
             op,
             Box::new(move |outcome| {
                 me.busy_end();

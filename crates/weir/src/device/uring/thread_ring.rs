@@ -432,8 +432,9 @@ pub(super) fn try_submit(
     })
 }
 
-/// Run `f`, which blocks on ops it submits, with this thread's ring out of
-/// the way: its ops go to device threads that complete them unaided.
+/// Run `f` with this thread's ring out of the way: the ops it submits go
+/// to device threads that complete them unaided. For ops the thread will
+/// block on, and for background work it should not wait on its ring for.
 pub fn without_thread_ring<T>(f: impl FnOnce() -> T) -> T {
     struct Restore;
     impl Drop for Restore {
