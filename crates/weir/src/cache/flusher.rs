@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::budget::DirtyBudget;
 use super::pauses::{self, PausedReplies, Reply, RELEASE_SLACK};
+use super::waiting::WaitingWrites;
 
 /// What one tick saw, for the rate that sizes the budget.
 pub struct TickStats {
@@ -60,6 +61,8 @@ pub struct Flusher {
     state: Mutex<State>,
     wake: Condvar,
     budget: Arc<DirtyBudget>,
+    /// Every cache's writes waiting for room in the budget, in one queue.
+    waiting: WaitingWrites,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -68,6 +71,7 @@ impl Flusher {
         let flusher = Arc::new(Flusher {
             state: Mutex::default(),
             wake: Condvar::new(),
+            waiting: WaitingWrites::new(Arc::clone(&budget)),
             budget,
             thread: Mutex::new(None),
         });
@@ -90,6 +94,7 @@ impl Flusher {
                 ..State::default()
             }),
             wake: Condvar::new(),
+            waiting: WaitingWrites::new(Arc::clone(&budget)),
             budget,
             thread: Mutex::new(None),
         })
@@ -97,6 +102,10 @@ impl Flusher {
 
     pub fn budget(&self) -> &Arc<DirtyBudget> {
         &self.budget
+    }
+
+    pub fn waiting(&self) -> &WaitingWrites {
+        &self.waiting
     }
 
     pub fn register(&self, cache: Weak<dyn Ticked>) {

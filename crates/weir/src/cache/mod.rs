@@ -17,8 +17,8 @@
 //! clients expect it: a WRITE answered from memory costs a memcpy
 //! instead of the devices' latency. The rules that keep it safe live in
 //! [`dirty_map`]; the server-wide memory limit and writer pacing in
-//! [`budget`]; the background thread in [`flusher`]; paused replies in
-//! [`pauses`], released by the connection thread that read the write.
+//! `budget`; the background thread in `flusher`; paused replies in
+//! `pauses`, released by the connection thread that read the write.
 //! Writeback goes to the device queues as async-write, which the adaptive
 //! scheduler holds back from client reads by the read latency it measures.
 
@@ -28,6 +28,7 @@ pub mod dirty_map;
 pub(crate) mod flusher;
 mod pauses;
 pub(crate) mod store;
+mod waiting;
 
 pub use budget::{ram_bytes, Admission, Charge, DirtyBudget};
 pub use flusher::{Flusher, TICK as SETTLE_TICK};

@@ -2,7 +2,6 @@
 //! sans-IO [`DirtyMap`] and the store beneath it.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -14,6 +13,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::busy::BusyClock;
 use super::dirty_map::{spans_cover, Bytes, DirtyMap, Ready, Span, Writeback};
 use super::flusher::{Flusher, TickStats, Ticked};
+use super::waiting::{Entry, Waiter};
 use super::{Admission, Charge};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome, WriteBuf};
 use crate::metrics::CacheReport;
@@ -84,9 +84,38 @@ type Map = DirtyMap<Completion, Direct>;
 
 /// A client write waiting for room in the budget, unanswered.
 struct Waiting {
+    store: std::sync::Weak<CachedStore>,
     offset: u64,
     buf: WriteBuf,
     done: Completion,
+}
+
+impl Waiter for Waiting {
+    fn bytes(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    fn volume(&self) -> usize {
+        self.store.as_ptr() as usize
+    }
+
+    fn enter(self: Box<Self>, entry: Entry) {
+        let Waiting {
+            store,
+            offset,
+            buf,
+            done,
+        } = *self;
+        let Some(store) = store.upgrade() else {
+            return done(failed_outcome());
+        };
+        match entry {
+            Entry::Fail => done(failed_outcome()),
+            _ if store.failed() => done(failed_outcome()),
+            Entry::Through => store.write_through(offset, buf, done),
+            Entry::Cache => store.cache_write(offset, buf, done, false),
+        }
+    }
 }
 
 pub struct CachedStore {
@@ -96,9 +125,6 @@ pub struct CachedStore {
     /// Bytes written to the store for the cache: write-back, and writes
     /// that went through, larger than the budget.
     written_bytes: AtomicU64,
-    /// Writes waiting for room, oldest first. Bounded by the requests
-    /// clients may have in flight: each connection's request budget.
-    waiting: Mutex<VecDeque<Waiting>>,
     /// When writes counted in `written_bytes` were in flight, since `born`.
     busy: Mutex<BusyClock>,
     born: Instant,
@@ -116,7 +142,6 @@ impl CachedStore {
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
-            waiting: Mutex::new(VecDeque::new()),
             busy: Mutex::new(BusyClock::default()),
             born: Instant::now(),
             me: me.clone(),
@@ -143,11 +168,9 @@ impl CachedStore {
     /// Write everything back and flush the store; for shutdown. Writes
     /// still waiting for room go through first, so the flush covers them.
     pub fn write_back_all(&self) -> io::Result<()> {
-        let waiting = std::mem::take(&mut *self.waiting.lock());
-        for write in waiting {
-            self.flusher.budget().admitted();
-            self.write_through(write.offset, write.buf, write.done);
-        }
+        self.flusher
+            .waiting()
+            .release_volume(self.volume_id(), Entry::Through);
         let (tx, rx) = mpsc::channel();
         self.flush(Box::new(move |outcome| {
             let _ = tx.send(outcome.result);
@@ -195,11 +218,12 @@ impl CachedStore {
     fn write(&self, offset: u64, buf: WriteBuf, done: Completion) {
         match self.flusher.budget().admit(buf.len() as u64) {
             Admission::Cache => self.cache_write(offset, buf, done, true),
-            Admission::Wait => {
-                self.waiting.lock().push_back(Waiting { offset, buf, done });
-                // Room may have been made since the budget said wait.
-                self.admit_waiting();
-            }
+            Admission::Wait => self.flusher.waiting().wait(Box::new(Waiting {
+                store: self.me.clone(),
+                offset,
+                buf,
+                done,
+            })),
             Admission::Through => self.write_through(offset, buf, done),
         }
     }
@@ -248,43 +272,24 @@ impl CachedStore {
         }
     }
 
-    /// Cache the waiting writes that fit now, oldest first; send through
-    /// one the limit has shrunk below; if write-back has failed, fail them
-    /// all (the room they wait for may never come).
+    /// Let in the waiting writes that fit now, this volume's and every
+    /// other's, oldest first (the budget is shared); if write-back to this
+    /// volume has failed, fail its own (the room they wait for may never
+    /// come).
     fn admit_waiting(&self) {
-        let budget = self.flusher.budget();
-        if budget.waiting() == 0 {
+        let waiting = self.flusher.waiting();
+        if self.flusher.budget().waiting() == 0 {
             return;
         }
-        let failed = self.map().failed();
-        loop {
-            let next = {
-                let mut waiting = self.waiting.lock();
-                match waiting.front() {
-                    Some(w) => {
-                        let bytes = w.buf.len() as u64;
-                        let too_large = budget.too_large(bytes);
-                        if failed || too_large || budget.fits(bytes) {
-                            waiting.pop_front().map(|w| (w, too_large))
-                        } else {
-                            None
-                        }
-                    }
-                    None => None,
-                }
-            };
-            let Some((write, too_large)) = next else {
-                return;
-            };
-            budget.admitted();
-            if failed {
-                (write.done)(failed_outcome());
-            } else if too_large {
-                self.write_through(write.offset, write.buf, write.done);
-            } else {
-                self.cache_write(write.offset, write.buf, write.done, false);
-            }
+        if self.failed() {
+            waiting.release_volume(self.volume_id(), Entry::Fail);
         }
+        waiting.admit();
+    }
+
+    /// This cache's place in the server's queue of waiting writes.
+    fn volume_id(&self) -> usize {
+        self as *const CachedStore as usize
     }
 
     fn busy_start(&self) {
@@ -578,10 +583,9 @@ impl Drop for CachedStore {
     /// A store dropped with writes still waiting (its volume removed)
     /// fails them: nothing is left to write them to.
     fn drop(&mut self) {
-        for write in std::mem::take(&mut *self.waiting.lock()) {
-            self.flusher.budget().admitted();
-            (write.done)(failed_outcome());
-        }
+        self.flusher
+            .waiting()
+            .release_volume(self.volume_id(), Entry::Fail);
     }
 }
 

@@ -48,6 +48,16 @@ impl MemStore {
         }
     }
 
+    /// Complete the held writes and go on holding later ones.
+    fn complete_held(&self) {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        for (offset, buf, done) in held {
+            let o = offset as usize;
+            self.bytes.lock().unwrap()[o..o + buf.len()].copy_from_slice(buf.as_slice());
+            done(Outcome::done(Ok(())));
+        }
+    }
+
     fn at(&self, offset: usize, len: usize) -> Vec<u8> {
         self.bytes.lock().unwrap()[offset..offset + len].to_vec()
     }
@@ -273,6 +283,67 @@ fn a_write_past_the_budget_waits_unanswered_until_writeback_makes_room() {
     assert_eq!(store.at(600 << 10, 4096), vec![3; 4096]);
     assert_eq!(cache.dirty_bytes(), 0);
     flusher.stop();
+}
+
+#[test]
+fn a_write_waiting_for_room_is_answered_when_another_volumes_writeback_makes_it() {
+    // No flusher thread: nothing ticks, so only the other volume's
+    // writeback completing can let the waiting write in.
+    let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
+    let (busy_store, idle_store) = (MemStore::new(1 << 20), MemStore::new(1 << 20));
+    let busy = CachedStore::new(Arc::clone(&busy_store) as Arc<dyn Store>, &flusher);
+    let idle = CachedStore::new(Arc::clone(&idle_store) as Arc<dyn Store>, &flusher);
+    busy_store.hold.store(true, Ordering::SeqCst);
+    write(&busy, 0, 3, 768 << 10, false).unwrap();
+    let rx = write_unanswered(&idle, 0, 4, 384 << 10);
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    assert_eq!(flusher.budget().waiting(), 1);
+    busy_store.release();
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("answered once the other volume's writeback made room"));
+    assert_eq!(flusher.budget().waiting(), 0);
+    assert_eq!(read(&idle, 0, 4096), vec![4; 4096]);
+    flush(&idle).unwrap();
+    flush(&busy).unwrap();
+    assert_eq!(idle_store.at(0, 4096), vec![4; 4096]);
+    assert_eq!(busy_store.at(0, 4096), vec![3; 4096]);
+}
+
+#[test]
+fn waiting_writes_go_in_oldest_first_whichever_volume_they_are_for() {
+    let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
+    let (a_store, b_store) = (MemStore::new(1 << 20), MemStore::new(1 << 20));
+    let a = CachedStore::new(Arc::clone(&a_store) as Arc<dyn Store>, &flusher);
+    let b = CachedStore::new(Arc::clone(&b_store) as Arc<dyn Store>, &flusher);
+    a_store.hold.store(true, Ordering::SeqCst);
+    b_store.hold.store(true, Ordering::SeqCst);
+    write(&a, 0, 1, 768 << 10, false).unwrap();
+    // Room for one of these at a time: the other volume's is older.
+    let b_older = write_unanswered(&b, 0, 2, 600 << 10);
+    let a_newer = write_unanswered(&a, 0, 3, 600 << 10);
+    assert_eq!(flusher.budget().waiting(), 2);
+    // The writeback that makes room is the first volume's own.
+    a_store.complete_held();
+    assert!(b_older
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the older write, on the other volume, goes in first"));
+    assert!(a_newer
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    assert_eq!(flusher.budget().waiting(), 1);
+    b_store.release();
+    a_store.release();
+    assert!(a_newer
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap());
+    flush(&a).unwrap();
+    flush(&b).unwrap();
+    assert_eq!(a_store.at(0, 4096), vec![3; 4096]);
+    assert_eq!(b_store.at(0, 4096), vec![2; 4096]);
+    assert_eq!(flusher.budget().waiting(), 0);
 }
 
 #[test]

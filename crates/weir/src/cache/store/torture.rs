@@ -6,7 +6,10 @@
 //! sector. After every step reads must return the newest bytes; after
 //! every power loss each block must hold what the last FLUSH or FUA
 //! covering it promised, or a newer write, never anything else. A failed
-//! write-back must fail every later FLUSH.
+//! write-back must fail every later FLUSH. A second volume shares the
+//! budget and writes beside it, so writes wait for room the other volume
+//! holds or frees; after a power loss the budget must count nothing and
+//! every write of that volume must have had its answer.
 //!
 //! `WEIR_CACHE_SEEDS=N` runs N seeds (default 300); `WEIR_CACHE_SEED=S`
 //! runs one.
@@ -212,6 +215,13 @@ struct Run {
     store: Arc<SimStore>,
     cache: Arc<CachedStore>,
     flusher: Arc<Flusher>,
+    /// Another volume on the same budget: its writes take room the
+    /// volume under test waits for, and its writeback makes room.
+    neighbour_store: Arc<SimStore>,
+    neighbour: Arc<CachedStore>,
+    /// Its writes' answers: whether each succeeded.
+    neighbour_answers: (mpsc::Sender<bool>, mpsc::Receiver<bool>),
+    neighbour_sent: usize,
     blocks: HashMap<u64, Block>,
     /// A write-back failed: every flush must fail until the crash.
     failed: bool,
@@ -237,8 +247,16 @@ impl Run {
             if let Ok(outcome) = rx.try_recv() {
                 return Ok(outcome);
             }
-            if !self.store.complete_one(&mut self.rng) {
+            // The room a write waits for may be the other volume's.
+            let (first, second) = if self.rng.below(2) == 0 {
+                (&self.neighbour_store, &self.store)
+            } else {
+                (&self.store, &self.neighbour_store)
+            };
+            let completed = first.complete_one(&mut self.rng) || second.complete_one(&mut self.rng);
+            if !completed {
                 Ticked::tick(&*self.cache);
+                Ticked::tick(&*self.neighbour);
             }
         }
         Err("an op was never answered".into())
@@ -395,6 +413,32 @@ impl Run {
         }
     }
 
+    /// A write to the other volume, not waited for: it may wait for room.
+    /// At most the smallest budget, so that it never goes through to the
+    /// store, where a power loss would leave it unanswered.
+    fn neighbour_write(&mut self) {
+        let length = (1 + self.rng.below(4)) as usize * BLOCK;
+        let offset = self.rng.below(BLOCKS - 8) * BLOCK as u64;
+        let mut buf = AlignedBuf::new(length);
+        buf.as_mut_slice().fill(self.rng.below(256) as u8);
+        self.history
+            .push(format!("other volume: write {offset}+{length}"));
+        let op = DeviceOp::Write {
+            offset,
+            buf: buf.into(),
+            durable: false,
+        };
+        let tx = self.neighbour_answers.0.clone();
+        self.neighbour.submit(
+            IoClass::SyncWrite,
+            op,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome.result.is_ok());
+            }),
+        );
+        self.neighbour_sent += 1;
+    }
+
     fn fail_writes(&mut self) {
         let count = 1 + self.rng.below(3) as u32;
         let errno = if self.rng.below(2) == 0 {
@@ -414,9 +458,32 @@ impl Run {
         self.history.push("power loss".into());
         self.store.failing.store(0, Ordering::SeqCst);
         self.store.power_loss(&mut self.rng);
+        self.neighbour_store.power_loss(&mut self.rng);
         let budget = Arc::clone(self.flusher.budget());
-        self.flusher = Flusher::manual(budget);
+        self.flusher = Flusher::manual(Arc::clone(&budget));
         self.cache = CachedStore::new(Arc::clone(&self.store) as Arc<dyn Store>, &self.flusher);
+        self.neighbour = CachedStore::new(
+            Arc::clone(&self.neighbour_store) as Arc<dyn Store>,
+            &self.flusher,
+        );
+        // The caches that lost power are gone, and with them every byte
+        // and waiting write they held in the budget; each write waiting
+        // there was failed, none was left unanswered.
+        if budget.used_bytes() != 0 || budget.waiting() != 0 {
+            return Err(format!(
+                "after power loss the budget still counts {} bytes and {} waiting writes",
+                budget.used_bytes(),
+                budget.waiting()
+            ));
+        }
+        let answered = self.neighbour_answers.1.try_iter().count();
+        if answered != self.neighbour_sent {
+            return Err(format!(
+                "the other volume's writes: {} sent, {answered} answered",
+                self.neighbour_sent
+            ));
+        }
+        self.neighbour_sent = 0;
         self.failed = false;
         self.faults = false;
         let found = self.store.state.lock().unwrap().durable.clone();
@@ -441,7 +508,7 @@ impl Run {
     }
 
     fn step(&mut self) -> Result<(), String> {
-        match self.rng.below(40) {
+        match self.rng.below(44) {
             0..=13 => self.write()?,
             14..=21 => self.read()?,
             22..=25 => self.flush()?,
@@ -456,6 +523,12 @@ impl Run {
             }
             36 => self.fail_writes(),
             37..=38 => self.crash()?,
+            39..=41 => self.neighbour_write(),
+            42 => {
+                for _ in 0..self.rng.below(6) {
+                    self.neighbour_store.complete_one(&mut self.rng);
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -476,11 +549,17 @@ pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
     let store = SimStore::new();
     let flusher = Flusher::manual(DirtyBudget::new(Some(limit)));
     let cache = CachedStore::new(Arc::clone(&store) as Arc<dyn Store>, &flusher);
+    let neighbour_store = SimStore::new();
+    let neighbour = CachedStore::new(Arc::clone(&neighbour_store) as Arc<dyn Store>, &flusher);
     let mut run = Run {
         rng,
         store,
         cache,
         flusher,
+        neighbour_store,
+        neighbour,
+        neighbour_answers: mpsc::channel(),
+        neighbour_sent: 0,
         blocks: HashMap::new(),
         failed: false,
         faults: false,
