@@ -17,10 +17,13 @@ interleaved as in bench/peers.py; the median round is reported.
 Recovery, three cycles by default: osd.2 stops, 1 GiB is written to another
 image (every object of it degraded), and osd.2 starts again; a 4 KiB QD1
 random reader through weir runs while the cluster recovers, against the same
-reader on the idle cluster just before.
+reader on the idle cluster just before. Beside it, at the same time, the same
+reader runs straight on librbd (fio's rbd engine) on an image of its own: what
+the cluster gives a client with no gateway, under the same recovery.
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -39,6 +42,8 @@ ROOT = os.path.dirname(HERE)
 WEIR = os.environ.get("WEIR_BIN", os.path.join(ROOT, "target/release/weir"))
 SCRIPT = os.path.join(ROOT, "scripts/ceph-cluster.sh")
 IMAGE_MIB = 1024
+# The recovery cycles' reader with no gateway reads this image.
+LIBRBD_IMAGE = "librbd"
 JOBS = [  # name, rw, bs, iodepth
     ("randread-4k-qd1", "randread", "4k", 1),
     ("randread-4k-qd32", "randread", "4k", 32),
@@ -83,10 +88,24 @@ def reader(uri, runtime):
                 f"--size={IMAGE_MIB}M"], runtime)
 
 
+def librbd_reader(image, runtime):
+    """The same reader with no gateway: fio's rbd engine on librbd (CEPH_CONF names the cluster)."""
+    return fio(["--ioengine=rbd", "--clientname=admin", "--pool=rbd", f"--rbdname={image}", "--rw=randread",
+                "--bs=4k", "--iodepth=1", f"--size={IMAGE_MIB}M"], runtime)
+
+
+def readers(uri, runtime):
+    """weir's reader and the librbd reader, at the same time."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        weir = pool.submit(reader, uri, runtime)
+        direct = pool.submit(librbd_reader, LIBRBD_IMAGE, runtime)
+        return weir.result(), direct.result()
+
+
 def recovery_run(conf, cluster_dir, uri, runtime, cycle):
-    """The reader idle, then beside recovery; returns both and the states seen."""
+    """The readers idle, then beside recovery; returns both and the states seen."""
     wait_clean(conf)
-    idle = reader(uri, runtime)
+    idle, idle_librbd = readers(uri, runtime)
     sh(SCRIPT, "stop-osd", cluster_dir, "2")
     time.sleep(3)
     image = f"rbd/degraded{cycle}"
@@ -96,31 +115,40 @@ def recovery_run(conf, cluster_dir, uri, runtime, cycle):
     sh(SCRIPT, "start-osd", cluster_dir, "2")
     before = pg_states(conf)
     started = time.time()
-    during = reader(uri, runtime)
+    during, during_librbd = readers(uri, runtime)
     after = pg_states(conf)
     wait_clean(conf, timeout=900)
     clean_s = time.time() - started
     # The next cycle's degraded writes need the room.
     sh("rbd", "-c", conf, "rm", image)
     return {"idle": idle, "recovery": during, "states_at_start": before, "states_at_end": after,
-            "recovery_s": clean_s, "p99_ratio": during["p99_us"] / idle["p99_us"]}
+            "recovery_s": clean_s, "p99_ratio": during["p99_us"] / idle["p99_us"],
+            "librbd_idle": idle_librbd, "librbd_recovery": during_librbd,
+            "librbd_p99_ratio": during_librbd["p99_us"] / idle_librbd["p99_us"]}
+
+
+def median_of(cycles, key):
+    ratios = sorted(c[key] for c in cycles)
+    return f"{ratios[len(ratios) // 2]:.2f} (cycles: {', '.join(f'{r:.2f}' for r in ratios)})"
 
 
 def recovery_table(cycles):
-    ratios = sorted(c["p99_ratio"] for c in cycles)
     lines = ["### A 4 KiB QD1 reader through weir beside an OSD's recovery", "",
-             "Each cycle: the reader on the idle cluster, then osd.2 stops, 1 GiB is written to a new "
-             "image, osd.2 starts and the reader runs again at once.", "",
-             "| cycle | idle IOPS | idle p50 us | idle p99 us | recovering IOPS | recovering p50 us | "
+             "Each cycle: the readers on the idle cluster, then osd.2 stops, 1 GiB is written to a new "
+             "image, osd.2 starts and the readers run again at once. Two readers run at the same time, "
+             "each on its own image: one through weir, one straight on librbd (fio's rbd engine), so "
+             "that the second shows what recovery does to a client of the cluster with no gateway.", "",
+             "| cycle | reader | idle IOPS | idle p50 us | idle p99 us | recovering IOPS | recovering p50 us | "
              "recovering p99 us | recovering max us | p99 recovering / idle | clean after s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for index, c in enumerate(cycles, 1):
-        i, r = c["idle"], c["recovery"]
-        lines.append(f"| {index} | {i['iops']:.0f} | {i['p50_us']:.0f} | {i['p99_us']:.0f} | {r['iops']:.0f} | "
-                     f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['max_us']:.0f} | {c['p99_ratio']:.2f} | "
-                     f"{c['recovery_s']:.0f} |")
-    lines += ["", f"Median p99 beside recovery / idle: {ratios[len(ratios) // 2]:.2f} "
-              f"(cycles: {', '.join(f'{r:.2f}' for r in ratios)}). Placement groups when each "
+        for name, i, r, ratio in (("weir", c["idle"], c["recovery"], c["p99_ratio"]),
+                                  ("librbd", c["librbd_idle"], c["librbd_recovery"], c["librbd_p99_ratio"])):
+            lines.append(f"| {index} | {name} | {i['iops']:.0f} | {i['p50_us']:.0f} | {i['p99_us']:.0f} | "
+                         f"{r['iops']:.0f} | {r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['max_us']:.0f} | "
+                         f"{ratio:.2f} | {c['recovery_s']:.0f} |")
+    lines += ["", f"Median p99 beside recovery / idle: through weir {median_of(cycles, 'p99_ratio')}; "
+              f"straight on librbd {median_of(cycles, 'librbd_p99_ratio')}. Placement groups when each "
               "recovering run started: " + "; ".join(str(c["states_at_start"]) for c in cycles) + "."]
     return "\n".join(lines)
 
@@ -146,12 +174,13 @@ def main():
               "command": "bench/rbd.sh " + shlex.join(sys.argv[1:]), "runtime_s": args.runtime,
               "rounds": args.rounds}
     print(f"== cluster: {SCRIPT} start {cluster_dir}", flush=True)
-    # Three images of 1 GiB, two copies each, and 1 GiB more for recovery.
+    # Four images of 1 GiB, two copies each, and 1 GiB more for recovery.
     os.environ.setdefault("CEPH_OSD_SIZE", "10G")
     sh(SCRIPT, "start", cluster_dir)
     servers = Servers(tmp)
     try:
-        for image in ("weir", "weirwt", "qsd"):
+        os.environ["CEPH_CONF"] = conf
+        for image in ("weir", "weirwt", "qsd", LIBRBD_IMAGE):
             sh("rbd", "-c", conf, "create", "--size", f"{IMAGE_MIB}M", f"rbd/{image}")
         weir_log = ["--log-level", "warn", "--data-dir", os.path.join(tmp, "data")]
         servers.start("weir", lambda sock: [WEIR, "serve", "--listen", "none", "--socket", sock, *weir_log,
@@ -169,6 +198,8 @@ def main():
             raise SystemExit("--rbd-nbd: not wired here; it needs /dev/nbd*, which this kernel lacks")
         for uri in servers.uris.values():
             fill(uri)
+        sh("fio", "--name=fill", "--ioengine=rbd", "--clientname=admin", "--pool=rbd", f"--rbdname={LIBRBD_IMAGE}",
+           "--rw=write", "--bs=1M", "--iodepth=8", f"--size={IMAGE_MIB}M", "--output-format=terse")
         results = run_interleaved(nbd_targets(servers), args.runtime, args.rounds, JOBS)
         text, verdicts = table("weir vs qemu-storage-daemon on RBD", results, ["qemu-storage-daemon"])
         report["results"], report["verdicts"] = results, verdicts

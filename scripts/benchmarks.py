@@ -286,7 +286,9 @@ cluster's defaults (librbd's cache, writethrough until the first flush).
 The fio jobs run interleaved in rounds as for the other peers. rbd-nbd needs
 the kernel's nbd module, which this machine lacks. Then a 4 KiB QD1 random
 reader through weir runs on the idle cluster, and again right after an OSD
-that missed 1 GiB of writes starts again and recovers them."""))
+that missed 1 GiB of writes starts again and recovers them. The same reader
+runs straight on librbd at the same time, on an image of its own: the ratio
+recovery costs a client of the cluster with no gateway in front."""))
     parts.append("""## More
 
 - The device-model scenarios (calibration, the pathologies, the device
