@@ -50,7 +50,21 @@ pub const RUN_BYTES_MAX: u64 = 1 << 20;
 /// A cached write's buffer, charged to the budget while it lives.
 struct CacheBytes {
     buf: WriteBuf,
-    _charge: Charge,
+    _charge: Held,
+}
+
+/// Bytes charged to the server's budget and counted as the volume's own
+/// while they live: who holds the budget decides who waits for room.
+struct Held {
+    _budget: Charge,
+    volume: Arc<AtomicU64>,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.volume.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl Bytes for CacheBytes {
@@ -85,6 +99,8 @@ type Map = DirtyMap<Completion, Direct>;
 /// A client write waiting for room in the budget, unanswered.
 struct Waiting {
     store: std::sync::Weak<CachedStore>,
+    /// The bytes its volume holds in the budget.
+    held: Arc<AtomicU64>,
     offset: u64,
     buf: WriteBuf,
     done: Completion,
@@ -99,9 +115,14 @@ impl Waiter for Waiting {
         self.store.as_ptr() as usize
     }
 
+    fn volume_holds(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
     fn enter(self: Box<Self>, entry: Entry) {
         let Waiting {
             store,
+            held: _,
             offset,
             buf,
             done,
@@ -125,6 +146,9 @@ pub struct CachedStore {
     /// Bytes written to the store for the cache: write-back, and writes
     /// that went through, larger than the budget.
     written_bytes: AtomicU64,
+    /// Bytes of the budget this volume's cached writes and write-back
+    /// copies hold.
+    held_bytes: Arc<AtomicU64>,
     /// When writes counted in `written_bytes` were in flight, since `born`.
     busy: Mutex<BusyClock>,
     born: Instant,
@@ -142,6 +166,7 @@ impl CachedStore {
             map: Mutex::new(DirtyMap::default()),
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
+            held_bytes: Arc::default(),
             busy: Mutex::new(BusyClock::default()),
             born: Instant::now(),
             me: me.clone(),
@@ -220,6 +245,7 @@ impl CachedStore {
             Admission::Cache => self.cache_write(offset, buf, done, true),
             Admission::Wait => self.flusher.waiting().wait(Box::new(Waiting {
                 store: self.me.clone(),
+                held: Arc::clone(&self.held_bytes),
                 offset,
                 buf,
                 done,
@@ -250,7 +276,7 @@ impl CachedStore {
         let budget = Arc::clone(self.flusher.budget());
         let bytes = Arc::new(CacheBytes {
             buf,
-            _charge: budget.charge(length),
+            _charge: self.charge(length),
         });
         let mut map = self.map();
         if map.failed() {
@@ -285,6 +311,16 @@ impl CachedStore {
             waiting.release_volume(self.volume_id(), Entry::Fail);
         }
         waiting.admit();
+    }
+
+    /// Charge `bytes` to the budget, as this volume's.
+    fn charge(&self, bytes: u64) -> Held {
+        self.held_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Held {
+            _budget: self.flusher.budget().charge(bytes),
+            volume: Arc::clone(&self.held_bytes),
+            bytes,
+        }
     }
 
     /// This cache's place in the server's queue of waiting writes.
@@ -424,7 +460,7 @@ impl CachedStore {
             None => {
                 let mut buf = AlignedBuf::new(length as usize);
                 overlay(&spans, buf.as_mut_slice(), start);
-                (buf.into(), Some(self.flusher.budget().charge(length)))
+                (buf.into(), Some(self.charge(length)))
             }
         };
         drop(spans);

@@ -1,9 +1,13 @@
 //! Client writes waiting for room in the dirty budget. The budget is one
-//! for the whole server, so the queue is too: writes are let in oldest
-//! first whichever volume they are for, by whichever thread made room.
-//! A queue per volume would let each volume's write-back admit its own
-//! writers first, and a writer on one volume would wait for as long as
-//! another volume's writer kept the budget full.
+//! for the whole server, so the queue is too, and whichever thread made
+//! room lets writes in. Room goes first to the waiting volume that holds
+//! the least of the budget, oldest write first within a volume (as Linux
+//! gives each device a share of the dirty limit by its write-back, so
+//! that a slow disk's writers do not hold back a fast one's). A queue per
+//! volume would let each volume's write-back admit its own writers first,
+//! and a writer on one volume would wait for as long as another volume's
+//! writer kept the budget full; one plain queue would make it wait behind
+//! every write that writer has queued.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -31,6 +35,8 @@ pub trait Waiter: Send {
     fn bytes(&self) -> u64;
     /// The volume it is for (its cache's address).
     fn volume(&self) -> usize;
+    /// The bytes of the budget its volume holds now.
+    fn volume_holds(&self) -> u64;
     /// Let it in. The volume may still fail it, if it has failed since.
     fn enter(self: Box<Self>, entry: Entry);
 }
@@ -62,7 +68,8 @@ impl WaitingWrites {
         self.admit();
     }
 
-    /// Let in the oldest writes while they fit.
+    /// Let writes in while the next fits: each volume's oldest, the
+    /// volume holding least first.
     pub fn admit(&self) {
         let budget = &*self.budget;
         if budget.waiting() == 0 || ADMITTING.with(|a| a.replace(true)) {
@@ -71,21 +78,18 @@ impl WaitingWrites {
         loop {
             let next = {
                 let mut queue = self.queue.lock();
-                match queue.front() {
-                    Some(write) => {
-                        let bytes = write.bytes();
-                        let too_large = budget.too_large(bytes);
-                        (too_large || budget.fits(bytes)).then(|| {
-                            let entry = if too_large {
-                                Entry::Through
-                            } else {
-                                Entry::Cache
-                            };
-                            (queue.pop_front().expect("a front"), entry)
-                        })
-                    }
-                    None => None,
-                }
+                next_in(&queue).and_then(|at| {
+                    let bytes = queue[at].bytes();
+                    let too_large = budget.too_large(bytes);
+                    (too_large || budget.fits(bytes)).then(|| {
+                        let entry = if too_large {
+                            Entry::Through
+                        } else {
+                            Entry::Cache
+                        };
+                        (queue.remove(at).expect("in the queue"), entry)
+                    })
+                })
             };
             let Some((write, entry)) = next else { break };
             budget.admitted();
@@ -124,6 +128,25 @@ impl WaitingWrites {
             .filter(|w| w.volume() == volume)
             .count()
     }
+}
+
+/// Where the write to let in next stands in `queue`: the oldest of the
+/// volume that holds least, the oldest of those on a tie.
+fn next_in(queue: &VecDeque<Box<dyn Waiter>>) -> Option<usize> {
+    let mut seen: Vec<usize> = Vec::new();
+    let mut best: Option<(u64, usize)> = None;
+    for (at, write) in queue.iter().enumerate() {
+        let volume = write.volume();
+        if seen.contains(&volume) {
+            continue;
+        }
+        seen.push(volume);
+        let holds = write.volume_holds();
+        if best.is_none_or(|(least, _)| holds < least) {
+            best = Some((holds, at));
+        }
+    }
+    best.map(|(_, at)| at)
 }
 
 impl Drop for WaitingWrites {

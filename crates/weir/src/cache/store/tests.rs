@@ -313,37 +313,43 @@ fn a_write_waiting_for_room_is_answered_when_another_volumes_writeback_makes_it(
 }
 
 #[test]
-fn waiting_writes_go_in_oldest_first_whichever_volume_they_are_for() {
+fn room_goes_first_to_the_waiting_volume_that_holds_least_of_the_budget() {
     let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
     let (a_store, b_store) = (MemStore::new(1 << 20), MemStore::new(1 << 20));
     let a = CachedStore::new(Arc::clone(&a_store) as Arc<dyn Store>, &flusher);
     let b = CachedStore::new(Arc::clone(&b_store) as Arc<dyn Store>, &flusher);
     a_store.hold.store(true, Ordering::SeqCst);
     b_store.hold.store(true, Ordering::SeqCst);
-    write(&a, 0, 1, 768 << 10, false).unwrap();
-    // Room for one of these at a time: the other volume's is older.
-    let b_older = write_unanswered(&b, 0, 2, 600 << 10);
-    let a_newer = write_unanswered(&a, 0, 3, 600 << 10);
+    // The first volume holds 768 KiB, the second 128 KiB, each being
+    // written back and held there.
+    write(&a, 0, 1, 512 << 10, false).unwrap();
+    write(&a, 512 << 10, 1, 256 << 10, false).unwrap();
+    write(&b, 0, 2, 128 << 10, false).unwrap();
+    let a_older = write_unanswered(&a, 0, 3, 256 << 10);
+    let b_newer = write_unanswered(&b, 0, 4, 256 << 10);
     assert_eq!(flusher.budget().waiting(), 2);
-    // The writeback that makes room is the first volume's own.
-    a_store.complete_held();
-    assert!(b_older
+    // The second volume's write-back frees 128 KiB: room for one of the
+    // two, and the first volume's is older, but that volume holds more.
+    b_store.complete_held();
+    assert!(b_newer
         .recv_timeout(std::time::Duration::from_secs(5))
-        .expect("the older write, on the other volume, goes in first"));
-    assert!(a_newer
+        .expect("the volume holding least goes first"));
+    assert!(a_older
         .recv_timeout(std::time::Duration::from_millis(200))
         .is_err());
     assert_eq!(flusher.budget().waiting(), 1);
     b_store.release();
     a_store.release();
-    assert!(a_newer
+    assert!(a_older
         .recv_timeout(std::time::Duration::from_secs(5))
         .unwrap());
     flush(&a).unwrap();
     flush(&b).unwrap();
     assert_eq!(a_store.at(0, 4096), vec![3; 4096]);
-    assert_eq!(b_store.at(0, 4096), vec![2; 4096]);
+    assert_eq!(a_store.at(600 << 10, 4096), vec![1; 4096]);
+    assert_eq!(b_store.at(0, 4096), vec![4; 4096]);
     assert_eq!(flusher.budget().waiting(), 0);
+    assert_eq!(flusher.budget().used_bytes(), 0);
 }
 
 #[test]
