@@ -299,9 +299,9 @@ impl CachedStore {
     }
 
     /// Let in the waiting writes that fit now, this volume's and every
-    /// other's, oldest first (the budget is shared); if write-back to this
-    /// volume has failed, fail its own (the room they wait for may never
-    /// come).
+    /// other's (the budget is shared), in the order `waiting` keeps; if
+    /// write-back to this volume has failed, fail its own (the room they
+    /// wait for may never come).
     fn admit_waiting(&self) {
         let waiting = self.flusher.waiting();
         if self.flusher.budget().waiting() == 0 {

@@ -285,14 +285,26 @@ fn a_write_past_the_budget_waits_unanswered_until_writeback_makes_room() {
     flusher.stop();
 }
 
+/// A store and the cache in front of it.
+type Volume = (Arc<MemStore>, Arc<CachedStore>);
+
+/// Two volumes on a 1 MiB budget and a flusher that never ticks.
+fn two_volumes() -> (Arc<Flusher>, [Volume; 2]) {
+    let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
+    let volume = || {
+        let store = MemStore::new(1 << 20);
+        let cache = CachedStore::new(Arc::clone(&store) as Arc<dyn Store>, &flusher);
+        (store, cache)
+    };
+    let volumes = [volume(), volume()];
+    (flusher, volumes)
+}
+
 #[test]
 fn a_write_waiting_for_room_is_answered_when_another_volumes_writeback_makes_it() {
     // No flusher thread: nothing ticks, so only the other volume's
     // writeback completing can let the waiting write in.
-    let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
-    let (busy_store, idle_store) = (MemStore::new(1 << 20), MemStore::new(1 << 20));
-    let busy = CachedStore::new(Arc::clone(&busy_store) as Arc<dyn Store>, &flusher);
-    let idle = CachedStore::new(Arc::clone(&idle_store) as Arc<dyn Store>, &flusher);
+    let (flusher, [(busy_store, busy), (idle_store, idle)]) = two_volumes();
     busy_store.hold.store(true, Ordering::SeqCst);
     write(&busy, 0, 3, 768 << 10, false).unwrap();
     let rx = write_unanswered(&idle, 0, 4, 384 << 10);
@@ -314,10 +326,7 @@ fn a_write_waiting_for_room_is_answered_when_another_volumes_writeback_makes_it(
 
 #[test]
 fn room_goes_first_to_the_waiting_volume_that_holds_least_of_the_budget() {
-    let flusher = Flusher::manual(DirtyBudget::new(Some(1 << 20)));
-    let (a_store, b_store) = (MemStore::new(1 << 20), MemStore::new(1 << 20));
-    let a = CachedStore::new(Arc::clone(&a_store) as Arc<dyn Store>, &flusher);
-    let b = CachedStore::new(Arc::clone(&b_store) as Arc<dyn Store>, &flusher);
+    let (flusher, [(a_store, a), (b_store, b)]) = two_volumes();
     a_store.hold.store(true, Ordering::SeqCst);
     b_store.hold.store(true, Ordering::SeqCst);
     // The first volume holds 768 KiB, the second 128 KiB, each being
