@@ -2,7 +2,7 @@
 """Run weir's benchmarks and write docs/benchmarks.md (servers and pools) and
 docs/scenarios.md (the device-model scenarios) from their results.
 
-Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,readahead,rbd,writeback-matrix,readahead-depth-matrix,calibrate,scheduler,mirror-reads,...]
+Usage: scripts/benchmarks.py [--only peers,tls,pool,pool-scaling,cache,volumes,readahead,rbd,writeback-matrix,readahead-depth-matrix,calibrate,scheduler,mirror-reads,...]
                              [--real] [--compose-only]
 
 Each benchmark writes its current result under bench/results/ (JSON and a
@@ -250,6 +250,14 @@ FLUSH after each run, so that deferred work is paid for inside the figure.
 Then a 4 KiB random reader at QD1 runs alone and beside a 1 MiB sequential
 writer at QD8 on the same export: the reader's p99 beside the writer over its
 p99 alone, and the writer's throughput."""))
+    parts.append(section(os.path.join(RESULTS, "volumes.md"), "Two volumes sharing the dirty budget",
+                         """One weir with a 64 MiB dirty budget serves a volume on the HDD model,
+where a 1 MiB QD8 sequential writer keeps the budget full, and a volume on the
+SATA SSD or NVMe model, whose write jobs run alone and then beside that
+writer. The budget is the server's; when it is full, room goes first to the
+waiting writes of the volume that holds the least of it
+([architecture.md](architecture.md)). "beside / alone" is the fast volume's
+IOPS beside the slow writer over its IOPS alone."""))
     parts.append(section(os.path.join(RESULTS, "readahead.md"), "Readahead off and on",
                          """One weir serves a 4 GiB HDD, SATA SSD or NVMe model in real time, once with
 `--readahead off` and once with `--readahead on` (the default). fio's nbd
@@ -365,7 +373,8 @@ def write(path, parts):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     everything = ",".join(dict.fromkeys(
-        ["peers", "tls", "pool", "pool-scaling", "cache", "readahead", "rbd", "writeback-matrix", "readahead-depth-matrix", *SCENARIOS]))
+        ["peers", "tls", "pool", "pool-scaling", "cache", "volumes", "readahead", "rbd", "writeback-matrix",
+         "readahead-depth-matrix", *SCENARIOS]))
     parser.add_argument("--only", default=everything, help=f"benchmarks to run (default: {everything})")
     parser.add_argument("--real", action="store_true", help="also run the scenarios in real time")
     parser.add_argument("--compose-only", action="store_true", help="only rewrite the page from the results")
@@ -390,6 +399,8 @@ def main():
                            "--out", "bench/results/pool-scaling-writethrough"]) != 0
         if "cache" in wanted:
             failed += run(["bench/cache.sh", "--out", "bench/results/cache"]) != 0
+        if "volumes" in wanted:
+            failed += run(["bench/volumes.sh", "--out", "bench/results/volumes"]) != 0
         if "readahead" in wanted:
             failed += run(["bench/readahead.sh", "--out", "bench/results/readahead"]) != 0
         if "rbd" in wanted:
