@@ -5,9 +5,11 @@ One weir with a 64 MiB budget (`--cache-dirty-max 64M`) serves two model
 volumes: `slow` on the HDD model, where a 1 MiB QD8 sequential writer keeps
 the budget full, and `fast` on the SATA SSD or NVMe model. Each job on
 `fast` runs alone, then beside the slow volume's writer, which starts two
-seconds before it. The budget is the server's, not a volume's: when it is
-full, room goes first to the waiting writes of the volume holding the least
-of it, so the fast volume's writers should not wait behind the slow disk.
+seconds before it. The budget is the server's, not a volume's: while both
+volumes write, the one holding the most leaves an eighth of it to the other,
+and when it is full, room goes first to the waiting writes of the volume
+holding the least of it, so the fast volume's writers should not wait
+behind the slow disk.
 """
 
 import argparse

@@ -254,9 +254,10 @@ p99 alone, and the writer's throughput."""))
                          """One weir with a 64 MiB dirty budget serves a volume on the HDD model,
 where a 1 MiB QD8 sequential writer keeps the budget full, and a volume on the
 SATA SSD or NVMe model, whose write jobs run alone and then beside that
-writer. The budget is the server's; when it is full, room goes first to the
-waiting writes of the volume that holds the least of it
-([architecture.md](architecture.md)). "beside / alone" is the fast volume's
+writer. The budget is the server's; while both volumes write, the one
+holding the most leaves an eighth of it to the other, and when it is full
+room goes first to the waiting writes of the volume that holds the least
+of it ([architecture.md](architecture.md)). "beside / alone" is the fast volume's
 IOPS beside the slow writer over its IOPS alone."""))
     parts.append(section(os.path.join(RESULTS, "readahead.md"), "Readahead off and on",
                          """One weir serves a 4 GiB HDD, SATA SSD or NVMe model in real time, once with

@@ -48,6 +48,11 @@ const PAUSE_FROM: f64 = 0.5;
 /// The longest pause one write gets (Linux's balance_dirty_pages pauses
 /// up to 200 ms); past the limit, a write waits for room instead.
 const PAUSE_MAX: Duration = Duration::from_millis(100);
+/// While several volumes write, the one holding the most of the budget
+/// leaves this share of it to the others: a volume that holds nothing
+/// then finds room at once, instead of waiting for the next room anyone
+/// frees (one write to the slowest disk).
+const HEADROOM_SHARE: u64 = 8;
 /// The writeback rate assumed until one is measured (bytes/s); the
 /// first sample replaces it.
 const RATE_INITIAL: f64 = 100e6;
@@ -94,6 +99,8 @@ pub struct DirtyBudget {
     unmeasured: AtomicBool,
     /// Client writes waiting for room, over every cache.
     waiting: AtomicUsize,
+    /// The volume that leaves headroom to the others (0: none).
+    leaves_headroom: AtomicUsize,
 }
 
 impl DirtyBudget {
@@ -109,6 +116,7 @@ impl DirtyBudget {
             rate_bits: AtomicU64::new(RATE_INITIAL.to_bits()),
             unmeasured: AtomicBool::new(true),
             waiting: AtomicUsize::new(0),
+            leaves_headroom: AtomicUsize::new(0),
         })
     }
 
@@ -136,10 +144,15 @@ impl DirtyBudget {
     /// What to do with a new client write of `bytes`. A write that must
     /// wait is counted as waiting until [`admitted`](Self::admitted).
     pub fn admit(&self, bytes: u64) -> Admission {
+        self.admit_for(bytes, 0)
+    }
+
+    /// [`admit`](Self::admit) for a write to `volume` (non-zero).
+    pub fn admit_for(&self, bytes: u64, volume: usize) -> Admission {
         if self.too_large(bytes) {
             return Admission::Through;
         }
-        if self.waiting.load(Ordering::Relaxed) == 0 && !self.would_exceed(bytes) {
+        if self.waiting.load(Ordering::Relaxed) == 0 && self.fits_for(bytes, volume) {
             return Admission::Cache;
         }
         self.waiting.fetch_add(1, Ordering::Relaxed);
@@ -149,6 +162,25 @@ impl DirtyBudget {
     /// Whether a write of `bytes` at the head of a waiting queue fits now.
     pub fn fits(&self, bytes: u64) -> bool {
         !self.would_exceed(bytes)
+    }
+
+    /// [`fits`](Self::fits) for a write to `volume`: short of the headroom
+    /// if that volume leaves it.
+    pub fn fits_for(&self, bytes: u64, volume: usize) -> bool {
+        let limit = self.limit_bytes();
+        let headroom = if volume != 0 && volume == self.leaves_headroom.load(Ordering::Relaxed) {
+            limit / HEADROOM_SHARE
+        } else {
+            0
+        };
+        self.used_bytes() + bytes <= limit - headroom
+    }
+
+    /// `volume` (non-zero) leaves headroom to the others from now on; or
+    /// none does.
+    pub fn set_leaves_headroom(&self, volume: Option<usize>) {
+        self.leaves_headroom
+            .store(volume.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// Whether a write of `bytes` could not fit even in an empty cache

@@ -4,6 +4,7 @@
 //! the writeback rate that sizes the budget, over the time writeback was
 //! busy.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,7 +21,16 @@ pub struct TickStats {
     /// Time since the last tick during which this cache had writes to the
     /// store in flight.
     pub busy: Duration,
+    /// The cache's volume, the budget bytes it holds, and whether a
+    /// client wrote to it since the last tick.
+    pub volume: usize,
+    pub held_bytes: u64,
+    pub wrote: bool,
 }
+
+/// A volume written within this long counts as writing, for the headroom
+/// the largest holder of the budget leaves to the others.
+const WRITING_WITHIN: Duration = Duration::from_secs(1);
 
 /// Busy time below this says too little about the devices' rate. Short:
 /// a device that takes a paced writer's writes into its own cache is busy
@@ -52,6 +62,8 @@ pub const TICK: Duration = Duration::from_millis(100);
 struct State {
     paused: PausedReplies,
     caches: Vec<Weak<dyn Ticked>>,
+    /// When each volume was last seen written, within `WRITING_WITHIN`.
+    last_written: HashMap<usize, Instant>,
     stop: bool,
     /// When the thread, asleep, wakes by itself (None while it runs).
     sleeps_until: Option<Instant>,
@@ -111,6 +123,45 @@ impl Flusher {
     pub fn register(&self, cache: Weak<dyn Ticked>) {
         let mut state = self.state.lock().expect("flusher lock");
         state.caches.push(cache);
+    }
+
+    /// Tick every cache, and choose which volume leaves headroom. Returns
+    /// the bytes the caches have written to their stores, ever, and the
+    /// longest time one was busy since the last tick: caches write to
+    /// devices in parallel, or share them, so the longest stands for the
+    /// union of theirs.
+    pub fn tick_caches(&self) -> (u64, Duration) {
+        let caches: Vec<Arc<dyn Ticked>> = {
+            let mut state = self.state.lock().expect("flusher lock");
+            state.caches.retain(|c| c.strong_count() > 0);
+            state.caches.iter().filter_map(Weak::upgrade).collect()
+        };
+        let stats: Vec<TickStats> = caches.iter().map(|cache| cache.tick()).collect();
+        self.choose_headroom(&stats, Instant::now());
+        let written = stats.iter().map(|s| s.written_bytes).sum();
+        let busy = stats.iter().map(|s| s.busy).max().unwrap_or_default();
+        (written, busy)
+    }
+
+    /// While more than one volume writes, the one holding the most of the
+    /// budget leaves headroom to the others; one volume alone has it all.
+    fn choose_headroom(&self, stats: &[TickStats], now: Instant) {
+        let mut state = self.state.lock().expect("flusher lock");
+        for s in stats.iter().filter(|s| s.wrote) {
+            state.last_written.insert(s.volume, now);
+        }
+        state.last_written.retain(|volume, at| {
+            now.duration_since(*at) <= WRITING_WITHIN && stats.iter().any(|s| s.volume == *volume)
+        });
+        let writing = state.last_written.len();
+        drop(state);
+        let holder = stats
+            .iter()
+            .filter(|s| s.held_bytes > 0)
+            .max_by_key(|s| s.held_bytes)
+            .map(|s| s.volume);
+        self.budget
+            .set_leaves_headroom(if writing >= 2 { holder } else { None });
     }
 
     /// Run `reply` after `pause`: on this thread if it releases its own
@@ -185,21 +236,8 @@ fn run(weak: Weak<Flusher>) {
             return;
         }
         if Instant::now() >= next_tick {
-            let caches: Vec<Arc<dyn Ticked>> = {
-                let mut state = flusher.state.lock().expect("flusher lock");
-                state.caches.retain(|c| c.strong_count() > 0);
-                state.caches.iter().filter_map(Weak::upgrade).collect()
-            };
             let pressure = flusher.budget.under_pressure();
-            let mut written = 0;
-            // Caches write to devices in parallel, or share them: the
-            // longest busy time stands for the union of theirs.
-            let mut busy = Duration::ZERO;
-            for cache in &caches {
-                let stats = cache.tick();
-                written += stats.written_bytes;
-                busy = busy.max(stats.busy);
-            }
+            let (written, busy) = flusher.tick_caches();
             let now = Instant::now();
             if written > last_written && rate_sample_counts(busy, now - last_tick, pressure) {
                 flusher

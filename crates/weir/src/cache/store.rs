@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -149,6 +149,8 @@ pub struct CachedStore {
     /// Bytes of the budget this volume's cached writes and write-back
     /// copies hold.
     held_bytes: Arc<AtomicU64>,
+    /// A client wrote since the last tick.
+    wrote: AtomicBool,
     /// When writes counted in `written_bytes` were in flight, since `born`.
     busy: Mutex<BusyClock>,
     born: Instant,
@@ -167,6 +169,7 @@ impl CachedStore {
             flusher: Arc::clone(flusher),
             written_bytes: AtomicU64::new(0),
             held_bytes: Arc::default(),
+            wrote: AtomicBool::new(false),
             busy: Mutex::new(BusyClock::default()),
             born: Instant::now(),
             me: me.clone(),
@@ -241,7 +244,11 @@ impl CachedStore {
     }
 
     fn write(&self, offset: u64, buf: WriteBuf, done: Completion) {
-        match self.flusher.budget().admit(buf.len() as u64) {
+        if !self.wrote.load(Ordering::Relaxed) {
+            self.wrote.store(true, Ordering::Relaxed);
+        }
+        let volume = self.volume_id();
+        match self.flusher.budget().admit_for(buf.len() as u64, volume) {
             Admission::Cache => self.cache_write(offset, buf, done, true),
             Admission::Wait => self.flusher.waiting().wait(Box::new(Waiting {
                 store: self.me.clone(),
@@ -632,6 +639,9 @@ impl Ticked for CachedStore {
         TickStats {
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
             busy: self.busy.lock().take(self.born.elapsed()),
+            volume: self.volume_id(),
+            held_bytes: self.held_bytes.load(Ordering::Relaxed),
+            wrote: self.wrote.swap(false, Ordering::Relaxed),
         }
     }
 }

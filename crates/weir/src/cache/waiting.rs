@@ -7,7 +7,9 @@
 //! volume would let each volume's write-back admit its own writers first,
 //! and a writer on one volume would wait for as long as another volume's
 //! writer kept the budget full; one plain queue would make it wait behind
-//! every write that writer has queued.
+//! every write that writer has queued. Which writes fit is the budget's
+//! to say: while several volumes write, the one holding the most leaves
+//! headroom to the others.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -81,7 +83,7 @@ impl WaitingWrites {
                 next_in(&queue).and_then(|at| {
                     let bytes = queue[at].bytes();
                     let too_large = budget.too_large(bytes);
-                    (too_large || budget.fits(bytes)).then(|| {
+                    (too_large || budget.fits_for(bytes, queue[at].volume())).then(|| {
                         let entry = if too_large {
                             Entry::Through
                         } else {

@@ -362,6 +362,43 @@ fn room_goes_first_to_the_waiting_volume_that_holds_least_of_the_budget() {
 }
 
 #[test]
+fn while_two_volumes_write_the_one_holding_most_leaves_headroom_to_the_other() {
+    let (flusher, [(a_store, a), (b_store, b)]) = two_volumes();
+    a_store.hold.store(true, Ordering::SeqCst);
+    b_store.hold.store(true, Ordering::SeqCst);
+    write(&a, 0, 1, 768 << 10, false).unwrap();
+    write(&b, 0, 2, 4096, false).unwrap();
+    // Alone, the first volume's next write would fit: 972 KiB of 1 MiB.
+    flusher.tick_caches();
+    let a_next = write_unanswered(&a, 768 << 10, 3, 200 << 10);
+    assert!(a_next
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+    // The second volume's fits at once in the eighth left to it.
+    write(&b, 8192, 4, 200 << 10, false).unwrap();
+    a_store.release();
+    assert!(a_next
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap());
+    b_store.release();
+    flush(&a).unwrap();
+    flush(&b).unwrap();
+    assert_eq!(a_store.at(768 << 10, 4096), vec![3; 4096]);
+    assert_eq!(b_store.at(8192, 4096), vec![4; 4096]);
+}
+
+#[test]
+fn one_volume_writing_alone_has_the_whole_budget() {
+    let (flusher, [(a_store, a), _]) = two_volumes();
+    a_store.hold.store(true, Ordering::SeqCst);
+    write(&a, 0, 1, 768 << 10, false).unwrap();
+    flusher.tick_caches();
+    write(&a, 768 << 10, 3, 200 << 10, false).unwrap();
+    a_store.release();
+    flush(&a).unwrap();
+}
+
+#[test]
 fn a_write_larger_than_the_budget_goes_through_after_older_cached_bytes() {
     let (store, cache, flusher) = setup(Some(512 << 10));
     store.hold.store(true, Ordering::SeqCst);

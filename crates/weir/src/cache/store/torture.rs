@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::CachedStore;
-use crate::cache::flusher::Ticked;
 use crate::cache::{DirtyBudget, Flusher};
 use crate::device::{AlignedBuf, Completion, DeviceOp, Extent, Outcome};
 use crate::pool::{Store, StoreInfo};
@@ -255,8 +254,7 @@ impl Run {
             };
             let completed = first.complete_one(&mut self.rng) || second.complete_one(&mut self.rng);
             if !completed {
-                Ticked::tick(&*self.cache);
-                Ticked::tick(&*self.neighbour);
+                self.flusher.tick_caches();
             }
         }
         Err("an op was never answered".into())
@@ -519,7 +517,7 @@ impl Run {
                 }
             }
             33..=35 => {
-                Ticked::tick(&*self.cache);
+                self.flusher.tick_caches();
             }
             36 => self.fail_writes(),
             37..=38 => self.crash()?,
