@@ -165,7 +165,8 @@ impl DirtyBudget {
     }
 
     /// [`fits`](Self::fits) for a write to `volume`: short of the headroom
-    /// if that volume leaves it.
+    /// if that volume leaves it, unless the write is larger than what is
+    /// left without the headroom (it would never fit, and wait forever).
     pub fn fits_for(&self, bytes: u64, volume: usize) -> bool {
         let limit = self.limit_bytes();
         let headroom = if volume != 0 && volume == self.leaves_headroom.load(Ordering::Relaxed) {
@@ -173,7 +174,12 @@ impl DirtyBudget {
         } else {
             0
         };
-        self.used_bytes() + bytes <= limit - headroom
+        let cap = if bytes > limit - headroom {
+            limit
+        } else {
+            limit - headroom
+        };
+        self.used_bytes() + bytes <= cap
     }
 
     /// `volume` (non-zero) leaves headroom to the others from now on; or
@@ -317,6 +323,30 @@ pub fn ram_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_volume_leaving_headroom_keeps_out_of_it_but_a_write_larger_than_the_rest_still_fits() {
+        let budget = DirtyBudget::new(Some(8 << 20));
+        let held = budget.charge(6 << 20);
+        let volume = 7;
+        assert!(budget.fits_for(3 << 19, volume));
+        budget.set_leaves_headroom(Some(volume));
+        assert!(
+            !budget.fits_for(3 << 19, volume),
+            "7.5 MiB is past 7/8 of 8 MiB"
+        );
+        assert!(
+            budget.fits_for(3 << 19, volume + 1),
+            "another volume has the whole budget"
+        );
+        drop(held);
+        assert!(
+            budget.fits_for(15 << 19, volume),
+            "7.5 MiB never fits under 7 MiB: it gets the whole budget"
+        );
+        budget.set_leaves_headroom(None);
+        assert!(budget.fits_for(8 << 20, volume));
+    }
 
     #[test]
     fn no_pause_below_half_and_a_rising_continuous_pause_above() {
