@@ -121,15 +121,6 @@ impl WaitingWrites {
         }
         self.admit();
     }
-
-    /// Writes waiting for `volume`.
-    pub fn count_of(&self, volume: usize) -> usize {
-        self.queue
-            .lock()
-            .iter()
-            .filter(|w| w.volume() == volume)
-            .count()
-    }
 }
 
 /// Where the write to let in next stands in `queue`: the oldest of the
