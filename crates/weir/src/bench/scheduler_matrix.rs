@@ -46,6 +46,10 @@ struct Figures {
     p99_us: f64,
     background_mb: f64,
     writer_mb: Option<f64>,
+    /// The paced writer's p99 latency (us), counted from when its pace
+    /// meant to send each write: a writer held back falls behind, and
+    /// this is how far.
+    writer_p99_us: Option<f64>,
 }
 
 struct Cell {
@@ -354,13 +358,15 @@ pub fn run(seconds: f64, seed: u64) -> anyhow::Result<Matrix> {
         for mode in modes(background) {
             let run = runs.next().expect("one run per mode of every cell");
             let reader = stream(&run, "reader");
+            let writer = cached.then(|| stream(&run, "writer"));
             by_mode.push((
                 *mode,
                 Figures {
                     iops: reader.iops,
                     p99_us: reader.latency_us.p99,
                     background_mb: stream(&run, "background").mb_per_s,
-                    writer_mb: cached.then(|| stream(&run, "writer").mb_per_s),
+                    writer_mb: writer.map(|w| w.mb_per_s),
+                    writer_p99_us: writer.map(|w| w.latency_us.p99),
                 },
             ));
         }
@@ -384,12 +390,16 @@ fn table(cells: &[Cell]) -> String {
     let mut out = summary(cells);
     out.push('\n');
     out.push_str(
-        "| device | load | background | zfs: IOPS, p99, background / idle | adaptive: IOPS, p99, background / idle | IOPS / zfs | p99 / zfs | writer MB/s (pace): zfs, adaptive | met |\n|---|---|---|---|---|---:|---:|---|---|\n",
+        "| device | load | background | zfs: IOPS, p99, background / idle | adaptive: IOPS, p99, background / idle | IOPS / zfs | p99 / zfs | writer MB/s (pace): zfs, adaptive | writer p99: zfs, adaptive | met |\n|---|---|---|---|---|---:|---:|---|---|---|\n",
     );
     for c in cells {
         let (z, a) = (c.figures(Mode::Zfs), c.figures(Mode::Adaptive));
         let writer = match (c.writer_pace_mb, z.writer_mb, a.writer_mb) {
             (Some(pace), Some(zw), Some(aw)) => format!("{zw:.0}, {aw:.0} ({pace:.0})"),
+            _ => "-".into(),
+        };
+        let writer_p99 = match (z.writer_p99_us, a.writer_p99_us) {
+            (Some(zp), Some(ap)) => format!("{}, {}", micros(zp), micros(ap)),
             _ => "-".into(),
         };
         let met = if !c.met() {
@@ -401,7 +411,7 @@ fn table(cells: &[Cell]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0}, {}, {:.2} | {:.0}, {}, {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {:.0}, {}, {:.2} | {:.0}, {}, {:.2} | {:.2} | {:.2} | {} | {} | {} |",
             c.device,
             c.load,
             c.background,
@@ -414,6 +424,7 @@ fn table(cells: &[Cell]) -> String {
             c.iops_vs_zfs(),
             c.p99_vs_zfs(),
             writer,
+            writer_p99,
             met
         );
     }
@@ -421,7 +432,9 @@ fn table(cells: &[Cell]) -> String {
 }
 
 fn micros(us: f64) -> String {
-    if us >= 1000.0 {
+    if us >= 1e6 {
+        format!("{:.1} s", us / 1e6)
+    } else if us >= 1000.0 {
         format!("{:.1} ms", us / 1000.0)
     } else {
         format!("{us:.0} us")
