@@ -143,8 +143,10 @@ impl Flusher {
         (written, busy)
     }
 
-    /// While more than one volume writes, the one holding the most of the
-    /// budget leaves headroom to the others; one volume alone has it all.
+    /// While more than one volume writes, the writing volume holding the
+    /// most of the budget leaves headroom to the others; one volume alone
+    /// has it all. A volume only draining what it wrote earlier is passed
+    /// over: capping it leaves no room to anyone.
     fn choose_headroom(&self, stats: &[TickStats], now: Instant) {
         let mut state = self.state.lock().expect("flusher lock");
         for s in stats.iter().filter(|s| s.wrote) {
@@ -153,15 +155,17 @@ impl Flusher {
         state.last_written.retain(|volume, at| {
             now.duration_since(*at) <= WRITING_WITHIN && stats.iter().any(|s| s.volume == *volume)
         });
-        let writing = state.last_written.len();
+        let holder = (state.last_written.len() >= 2)
+            .then(|| {
+                stats
+                    .iter()
+                    .filter(|s| s.held_bytes > 0 && state.last_written.contains_key(&s.volume))
+                    .max_by_key(|s| s.held_bytes)
+                    .map(|s| s.volume)
+            })
+            .flatten();
         drop(state);
-        let holder = stats
-            .iter()
-            .filter(|s| s.held_bytes > 0)
-            .max_by_key(|s| s.held_bytes)
-            .map(|s| s.volume);
-        self.budget
-            .set_leaves_headroom(if writing >= 2 { holder } else { None });
+        self.budget.set_leaves_headroom(holder);
     }
 
     /// Run `reply` after `pause`: on this thread if it releases its own
@@ -254,6 +258,52 @@ fn run(weak: Weak<Flusher>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stats(volume: usize, held_bytes: u64, wrote: bool) -> TickStats {
+        TickStats {
+            written_bytes: 0,
+            busy: Duration::ZERO,
+            volume,
+            held_bytes,
+            wrote,
+        }
+    }
+
+    #[test]
+    fn the_largest_holder_among_the_writing_volumes_leaves_headroom() {
+        let budget = DirtyBudget::new(Some(8 << 20));
+        let flusher = Flusher::manual(Arc::clone(&budget));
+        let held = budget.charge(6 << 20);
+        let now = Instant::now();
+        // Volume 1 holds the most but only drains what it wrote before;
+        // volumes 2 and 3 write, and 2 holds more of the two.
+        flusher.choose_headroom(
+            &[
+                stats(1, 5 << 20, false),
+                stats(2, 1 << 20, true),
+                stats(3, 4096, true),
+            ],
+            now,
+        );
+        assert!(
+            !budget.fits_for(3 << 19, 2),
+            "volume 2 keeps out of the last eighth"
+        );
+        assert!(budget.fits_for(3 << 19, 1));
+        assert!(budget.fits_for(3 << 19, 3));
+        // Volume 3 alone still writes a second later: nobody leaves headroom.
+        let later = now + WRITING_WITHIN + Duration::from_millis(1);
+        flusher.choose_headroom(
+            &[
+                stats(1, 5 << 20, false),
+                stats(2, 1 << 20, false),
+                stats(3, 4096, true),
+            ],
+            later,
+        );
+        assert!(budget.fits_for(3 << 19, 2));
+        drop(held);
+    }
 
     #[test]
     fn a_paced_writers_short_writeback_counts_and_an_idle_one_does_not() {
