@@ -25,6 +25,8 @@ pub const CLASSES: usize = IoClass::ALL.len();
 pub struct ClassActivity {
     pub queued: usize,
     pub active: u32,
+    /// Bytes of the class's I/Os at the device.
+    pub active_bytes: u64,
 }
 
 /// Why an I/O is being done; it travels with the I/O to the device queue.

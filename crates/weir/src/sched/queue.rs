@@ -148,6 +148,7 @@ pub struct IoQueue {
     fifo: VecDeque<Waiting>,
     classes: [ClassQueue; CLASSES],
     active: [u32; CLASSES],
+    active_bytes: [u64; CLASSES],
     active_total: u32,
     in_flight: HashMap<u64, InFlight>,
     next_seq: u64,
@@ -192,6 +193,7 @@ impl IoQueue {
             fifo: VecDeque::new(),
             classes: Default::default(),
             active: [0; CLASSES],
+            active_bytes: [0; CLASSES],
             active_total: 0,
             in_flight: HashMap::new(),
             next_seq: 0,
@@ -311,6 +313,7 @@ impl IoQueue {
         };
         let class = dispatch.class;
         self.active[class as usize] += 1;
+        self.active_bytes[class as usize] += dispatch.length;
         self.active_total += 1;
         let token = match self.mode {
             Mode::Zfs => {
@@ -346,6 +349,7 @@ impl IoQueue {
             .remove(&id)
             .expect("completed dispatch was in flight");
         self.active[done.class as usize] -= 1;
+        self.active_bytes[done.class as usize] -= done.length;
         self.active_total -= 1;
         let latency = now.saturating_sub(done.issued);
         match done.mode {
@@ -396,6 +400,7 @@ impl IoQueue {
         for (i, a) in out.iter_mut().enumerate() {
             a.queued = self.classes[i].len();
             a.active = self.active[i];
+            a.active_bytes = self.active_bytes[i];
         }
         if self.mode == Mode::Fifo {
             for w in &self.fifo {
