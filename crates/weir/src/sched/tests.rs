@@ -686,35 +686,33 @@ fn a_floor_waits_for_clean_samples_only_so_long() {
     );
 }
 
-/// Writeback's rate (bytes per second) beside a reader that never
-/// pauses, on a flash-like device that serves reads and writes side by
-/// side: a 4 KiB read takes 100 us alone and `read_beside_ns` with
-/// writeback in the device; a write takes 300 us of firmware time plus
-/// 2 ns per byte.
-fn writeback_rate_beside_reader_on_parallel_device(write_bytes: u64, read_beside_ns: u64) -> f64 {
+/// Writeback's rate (bytes per second) over two seconds beside a QD1
+/// reader of 4 KiB that never pauses (its next read goes as the last one
+/// completes), on an adaptive flash queue that has measured clean reads
+/// of 100 us and holds the background `queued` put in it. `done_at` says
+/// when the device finishes a dispatch sent at a time, given the
+/// dispatches in it: (done at, id, writeback bytes).
+fn writeback_rate_beside_reader(
+    queued: impl FnOnce(&mut IoQueue, u64),
+    mut done_at: impl FnMut(&Dispatch, u64, &[(u64, u64, u64)]) -> u64,
+) -> f64 {
     let mut queue = IoQueue::new(Mode::Adaptive, false);
     let start = clean_reads(&mut queue, 0, 100_000);
     let mut now = start;
-    for id in 0..4000 {
-        let mut write = io(10_000 + id, IoClass::AsyncWrite, id << 30, write_bytes);
-        write.write = true;
-        queue.enqueue(write, now);
-    }
+    queued(&mut queue, now);
     let mut next_read = 1 << 40;
     queue.enqueue(io(next_read, IoClass::SyncRead, 7 << 30, 4096), now);
-    // In the device: (done at, id, writeback bytes).
     let mut in_device: Vec<(u64, u64, u64)> = Vec::new();
+    let mut reader_in_device = 0;
     let mut written = 0u64;
     while now < start + 2_000_000_000 {
         for d in drain(&mut queue, now) {
-            let writes_in_device = in_device.iter().any(|(_, _, bytes)| *bytes > 0);
-            let service = match (d.class.is_sync(), writes_in_device) {
-                (true, false) => 100_000,
-                (true, true) => read_beside_ns,
-                (false, _) => 300_000 + 2 * d.length,
-            };
-            let bytes = if d.class.is_sync() { 0 } else { d.length };
-            in_device.push((now + service, d.id, bytes));
+            let done = done_at(&d, now, &in_device);
+            let bytes = if d.write { d.length } else { 0 };
+            if d.class.is_sync() {
+                reader_in_device = d.id;
+            }
+            in_device.push((done, d.id, bytes));
         }
         let first = (0..in_device.len())
             .min_by_key(|i| in_device[*i].0)
@@ -723,7 +721,7 @@ fn writeback_rate_beside_reader_on_parallel_device(write_bytes: u64, read_beside
         now = done;
         queue.complete(id, now);
         written += bytes;
-        if bytes == 0 {
+        if id == reader_in_device {
             next_read += 1;
             queue.enqueue(
                 io(next_read, IoClass::SyncRead, (next_read * 7) << 30, 4096),
@@ -732,6 +730,33 @@ fn writeback_rate_beside_reader_on_parallel_device(write_bytes: u64, read_beside
         }
     }
     written as f64 / ((now - start) as f64 / 1e9)
+}
+
+/// Queue `count` writeback writes of `bytes` each.
+fn queue_writeback(queue: &mut IoQueue, now: u64, count: u64, bytes: u64) {
+    for id in 0..count {
+        let mut write = io(10_000 + id, IoClass::AsyncWrite, id << 30, bytes);
+        write.write = true;
+        queue.enqueue(write, now);
+    }
+}
+
+/// Writeback's rate beside the reader on a flash-like device that serves
+/// reads and writes side by side: a 4 KiB read takes 100 us alone and
+/// `read_beside_ns` with writeback in the device; a write takes 300 us of
+/// firmware time plus 2 ns per byte.
+fn writeback_rate_beside_reader_on_parallel_device(write_bytes: u64, read_beside_ns: u64) -> f64 {
+    writeback_rate_beside_reader(
+        |queue, now| queue_writeback(queue, now, 4000, write_bytes),
+        |d, now, in_device| {
+            let writes_in_device = in_device.iter().any(|(_, _, bytes)| *bytes > 0);
+            now + match (d.class.is_sync(), writes_in_device) {
+                (true, false) => 100_000,
+                (true, true) => read_beside_ns,
+                (false, _) => 300_000 + 2 * d.length,
+            }
+        },
+    )
 }
 
 #[test]
@@ -857,56 +882,28 @@ fn promoted_read_ahead_goes_as_a_client_read_past_the_background_limit() {
     queue.complete(reader.id, now + 1);
 }
 
-/// Bytes per second of 64 KiB writeback beside a QD1 reader that never
-/// pauses and, with `scrub`, a scrub of 1 MiB reads, on a device whose
-/// reads of 4 KiB take 100 us side by side with anything, and whose large
-/// transfers (writes, scrub reads) move over one link in turn at 2 ns a
-/// byte, as a drive's host link does.
+/// Writeback's rate, in 64 KiB writes, beside the reader and, with
+/// `scrub`, a scrub of 1 MiB reads, on a device whose 4 KiB reads take
+/// 100 us side by side with anything, and whose large transfers (writes,
+/// scrub reads) move over one link in turn at 2 ns a byte, as a drive's
+/// host link does.
 fn writeback_rate_beside_scrub_on_a_shared_link(scrub: bool) -> f64 {
-    let mut queue = IoQueue::new(Mode::Adaptive, false);
-    let start = clean_reads(&mut queue, 0, 100_000);
-    let mut now = start;
-    for id in 0..20_000 {
-        let mut write = io(10_000 + id, IoClass::AsyncWrite, id << 30, 64 << 10);
-        write.write = true;
-        queue.enqueue(write, now);
-        if scrub {
-            queue.enqueue(io(100_000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
-        }
-    }
-    let mut next_read = 1 << 40;
-    queue.enqueue(io(next_read, IoClass::SyncRead, 7 << 30, 4096), now);
-    // In the device: (done at, id, is a write, bytes).
-    let mut in_device: Vec<(u64, u64, bool, u64)> = Vec::new();
-    let mut link_free_at = now;
-    let mut written = 0u64;
-    while now < start + 2_000_000_000 {
-        for d in drain(&mut queue, now) {
-            let done = if d.class.is_sync() {
-                now + 100_000
-            } else {
-                link_free_at = link_free_at.max(now) + 2 * d.length;
-                link_free_at
-            };
-            in_device.push((done, d.id, d.write, d.length));
-        }
-        let first = (0..in_device.len())
-            .min_by_key(|i| in_device[*i].0)
-            .expect("the reader always has a read in the device");
-        let (done, id, write, bytes) = in_device.swap_remove(first);
-        now = done;
-        queue.complete(id, now);
-        if write {
-            written += bytes;
-        } else if bytes == 4096 {
-            next_read += 1;
-            queue.enqueue(
-                io(next_read, IoClass::SyncRead, (next_read * 7) << 30, 4096),
-                now,
-            );
-        }
-    }
-    written as f64 / ((now - start) as f64 / 1e9)
+    let mut link_free_at = 0;
+    writeback_rate_beside_reader(
+        |queue, now| {
+            queue_writeback(queue, now, 20_000, 64 << 10);
+            for id in (0..20_000).filter(|_| scrub) {
+                queue.enqueue(io(100_000 + id, IoClass::Scrub, id << 20, 1 << 20), now);
+            }
+        },
+        |d, now, _| {
+            if d.class.is_sync() {
+                return now + 100_000;
+            }
+            link_free_at = link_free_at.max(now) + 2 * d.length;
+            link_free_at
+        },
+    )
 }
 
 #[test]
