@@ -93,6 +93,16 @@ pub(super) fn streams(class: IoClass) -> bool {
     matches!(class, IoClass::Resilver | IoClass::Scrub)
 }
 
+/// Whether `class` counts against the other floors' total: it has I/O
+/// waiting for its floor, or on a disk, any I/O in the drive, which holds
+/// the one head meanwhile. On flash a class with nothing queued waits for
+/// nothing: counting writeback's lone write at its whole share cut a
+/// resilver beside it on SSD mirrors to 0.17 of its idle rate, and left a
+/// cached writer's p99 at 2.3 s beside a scrub (1.2 s without it).
+fn claims(queued: &[ClassActivity; CLASSES], class: IoClass, device: Device) -> bool {
+    queued[class as usize].queued > 0 || device.rotational
+}
+
 /// Whether writeback already has what its floor keeps in the device: one
 /// I/O, or on flash beside a scrub or resilver, as many bytes as they
 /// have there. A flash drive moves the transfers it holds over its link
@@ -277,7 +287,7 @@ impl Floors {
         let total: f64 = FLOORED
             .iter()
             .zip(shares)
-            .filter(|(c, _)| self.class[**c as usize].accruing)
+            .filter(|(c, _)| self.class[**c as usize].accruing && claims(queued, **c, device))
             .map(|(_, share)| share)
             .sum();
         let scale = if total > FLOORS_TOTAL_MAX {
