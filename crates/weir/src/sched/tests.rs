@@ -686,15 +686,18 @@ fn a_floor_waits_for_clean_samples_only_so_long() {
     );
 }
 
-/// Writeback's rate (bytes per second) over two seconds beside a QD1
-/// reader of 4 KiB that never pauses (its next read goes as the last one
-/// completes), on an adaptive flash queue that has measured clean reads
-/// of 100 us and holds the background `queued` put in it. `done_at` says
-/// when the device finishes a dispatch sent at a time, given the
-/// dispatches in it: (done at, id, writeback bytes).
-fn writeback_rate_beside_reader(
+/// The rate (bytes per second) at which `measured`'s I/Os complete over
+/// two seconds beside a QD1 reader of 4 KiB that never pauses (its next
+/// read goes as the last one completes), on an adaptive flash queue that
+/// has measured clean reads of 100 us and holds the background `queued`
+/// put in it. `done_at` says when the device finishes a dispatch sent at
+/// a time, given the dispatches in it with when each is done;
+/// `completed` hears every background completion, to queue more.
+fn rate_beside_reader(
+    measured: IoClass,
     queued: impl FnOnce(&mut IoQueue, u64),
-    mut done_at: impl FnMut(&Dispatch, u64, &[(u64, u64, u64)]) -> u64,
+    mut done_at: impl FnMut(&Dispatch, u64, &[(u64, Dispatch)]) -> u64,
+    mut completed: impl FnMut(&mut IoQueue, &Dispatch, u64),
 ) -> f64 {
     let mut queue = IoQueue::new(Mode::Adaptive, false);
     let start = clean_reads(&mut queue, 0, 100_000);
@@ -702,34 +705,42 @@ fn writeback_rate_beside_reader(
     queued(&mut queue, now);
     let mut next_read = 1 << 40;
     queue.enqueue(io(next_read, IoClass::SyncRead, 7 << 30, 4096), now);
-    let mut in_device: Vec<(u64, u64, u64)> = Vec::new();
-    let mut reader_in_device = 0;
-    let mut written = 0u64;
+    let mut in_device: Vec<(u64, Dispatch)> = Vec::new();
+    let mut moved = 0u64;
     while now < start + 2_000_000_000 {
         for d in drain(&mut queue, now) {
             let done = done_at(&d, now, &in_device);
-            let bytes = if d.write { d.length } else { 0 };
-            if d.class.is_sync() {
-                reader_in_device = d.id;
-            }
-            in_device.push((done, d.id, bytes));
+            in_device.push((done, d));
         }
         let first = (0..in_device.len())
             .min_by_key(|i| in_device[*i].0)
             .expect("the reader always has a read in the device");
-        let (done, id, bytes) = in_device.swap_remove(first);
+        let (done, d) = in_device.swap_remove(first);
         now = done;
-        queue.complete(id, now);
-        written += bytes;
-        if id == reader_in_device {
+        queue.complete(d.id, now);
+        if d.class == measured {
+            moved += d.length;
+        }
+        if d.class.is_sync() {
             next_read += 1;
             queue.enqueue(
                 io(next_read, IoClass::SyncRead, (next_read * 7) << 30, 4096),
                 now,
             );
+        } else {
+            completed(&mut queue, &d, now);
         }
     }
-    written as f64 / ((now - start) as f64 / 1e9)
+    moved as f64 / ((now - start) as f64 / 1e9)
+}
+
+/// Writeback's rate beside the reader: `rate_beside_reader` with
+/// nothing queued on completions.
+fn writeback_rate_beside_reader(
+    queued: impl FnOnce(&mut IoQueue, u64),
+    done_at: impl FnMut(&Dispatch, u64, &[(u64, Dispatch)]) -> u64,
+) -> f64 {
+    rate_beside_reader(IoClass::AsyncWrite, queued, done_at, |_, _, _| {})
 }
 
 /// Queue `count` writeback writes of `bytes` each.
@@ -749,7 +760,7 @@ fn writeback_rate_beside_reader_on_parallel_device(write_bytes: u64, read_beside
     writeback_rate_beside_reader(
         |queue, now| queue_writeback(queue, now, 4000, write_bytes),
         |d, now, in_device| {
-            let writes_in_device = in_device.iter().any(|(_, _, bytes)| *bytes > 0);
+            let writes_in_device = in_device.iter().any(|(_, d)| d.write);
             now + match (d.class.is_sync(), writes_in_device) {
                 (true, false) => 100_000,
                 (true, true) => read_beside_ns,
@@ -924,61 +935,42 @@ fn writeback_keeps_as_many_bytes_in_the_device_as_a_scrub_beside_it() {
     );
 }
 
-/// A resilver's rate of 1 MiB reads beside a reader of 4 KiB that never
-/// pauses and, with `writer`, writeback of one 64 KiB write at a time
-/// (the next is queued as the last completes), on a flash device that
-/// serves one I/O at a time: a read in 100 us, a large transfer at 2 ns a
-/// byte.
+/// A resilver's rate of 1 MiB reads beside the reader of
+/// `rate_beside_reader` and, with `writer`, writeback of one 64 KiB
+/// write at a time (the next is queued as the last completes), on a flash
+/// device that serves one I/O at a time: a read in 100 us, a large
+/// transfer at 2 ns a byte.
 fn resilver_rate_beside_reader(writer: bool) -> f64 {
-    let mut queue = IoQueue::new(Mode::Adaptive, false);
-    let start = clean_reads(&mut queue, 0, 100_000);
-    let mut now = start;
-    for id in 0..20_000 {
-        queue.enqueue(io(100_000 + id, IoClass::Resilver, id << 20, 1 << 20), now);
-    }
-    let mut next_write = 1 << 41;
-    if writer {
-        queue_writeback(&mut queue, now, 1, 64 << 10);
-    }
-    let mut next_read = 1 << 40;
-    queue.enqueue(io(next_read, IoClass::SyncRead, 7 << 30, 4096), now);
-    let mut in_device: Vec<(u64, Dispatch)> = Vec::new();
     let mut free_at = 0;
-    let mut resilvered = 0u64;
-    while now < start + 2_000_000_000 {
-        for d in drain(&mut queue, now) {
+    let mut next_write = 1 << 41;
+    rate_beside_reader(
+        IoClass::Resilver,
+        |queue, now| {
+            for id in 0..20_000 {
+                queue.enqueue(io(100_000 + id, IoClass::Resilver, id << 20, 1 << 20), now);
+            }
+            if writer {
+                queue_writeback(queue, now, 1, 64 << 10);
+            }
+        },
+        |d, now, _| {
             let service = if d.class.is_sync() {
                 100_000
             } else {
                 2 * d.length
             };
             free_at = free_at.max(now) + service;
-            in_device.push((free_at, d));
-        }
-        let first = (0..in_device.len())
-            .min_by_key(|i| in_device[*i].0)
-            .expect("the reader always has a read in the device");
-        let (done, d) = in_device.swap_remove(first);
-        now = done;
-        queue.complete(d.id, now);
-        match d.class {
-            IoClass::Resilver => resilvered += d.length,
-            IoClass::AsyncWrite => {
+            free_at
+        },
+        |queue, d, now| {
+            if d.class == IoClass::AsyncWrite {
                 next_write += 1;
                 let mut write = io(next_write, IoClass::AsyncWrite, next_write << 16, 64 << 10);
                 write.write = true;
                 queue.enqueue(write, now);
             }
-            _ => {
-                next_read += 1;
-                queue.enqueue(
-                    io(next_read, IoClass::SyncRead, (next_read * 7) << 30, 4096),
-                    now,
-                );
-            }
-        }
-    }
-    resilvered as f64 / ((now - start) as f64 / 1e9)
+        },
+    )
 }
 
 #[test]
