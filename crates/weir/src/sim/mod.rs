@@ -564,7 +564,8 @@ impl Simulation {
                 .filter(|(class, _)| !class.is_interactive())
                 .map(|(_, a)| a.queued as u32 + a.active)
                 .sum();
-            self.selector.set_background(i, waiting);
+            self.selector
+                .set_background(i, waiting, d.spec.rotational());
             if scrubbing {
                 self.selector
                     .set_background_position(i, d.scrub_reads, d.spec.rotational());

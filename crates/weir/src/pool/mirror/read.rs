@@ -175,7 +175,8 @@ impl PoolData {
                         .load(Ordering::Relaxed)
                 })
                 .sum();
-            selector.set_background(*member, background as u32);
+            let rotational = attached.device().info().rotational;
+            selector.set_background(*member, background as u32, rotational);
         }
         let choice = selector.choose_among(request, self.clock_ns(), |member| {
             readable.iter().any(|(m, _)| *m == member)
