@@ -249,6 +249,10 @@ impl IoQueue {
     }
 
     /// Change mode at run time; waiting I/Os move to the new structure.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     pub fn set_mode(&mut self, mode: Mode, now: Nanos) {
         if mode == self.mode {
             return;

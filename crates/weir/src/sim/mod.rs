@@ -557,6 +557,11 @@ impl Simulation {
         // and hears the scrub's positions only once a scrub has begun (a
         // pool's scrub tells them only while it runs).
         let scrubbing = self.devices.iter().any(|d| d.scrub_reads > 0);
+        let held = self
+            .devices
+            .iter()
+            .all(|d| d.queue.mode() == Mode::Adaptive);
+        self.selector.set_background_held_for_reads(held);
         for (i, d) in self.devices.iter().enumerate() {
             let waiting: u32 = IoClass::ALL
                 .iter()

@@ -14,7 +14,7 @@ use crate::device::{AlignedBuf, Completion, DeviceOp, Outcome};
 use crate::pool::geometry::Piece;
 use crate::pool::integrity::BlockSum;
 use crate::range_lock::ShardedGuard;
-use crate::sched::IoClass;
+use crate::sched::{IoClass, Mode};
 
 /// The class of the rewrite that heals what a read of `class` found.
 fn repair_class(class: IoClass) -> IoClass {
@@ -163,6 +163,10 @@ impl PoolData {
             requester,
         };
         let mut selector = self.groups[piece.group].selector.lock();
+        let held = readable
+            .iter()
+            .all(|(_, attached)| attached.queue.mode() == Mode::Adaptive);
+        selector.set_background_held_for_reads(held);
         for (member, attached) in readable {
             let background: u64 = IoClass::ALL
                 .iter()

@@ -36,14 +36,21 @@ struct Fixture {
     disks: Vec<Arc<SimDisk>>,
     names: Vec<String>,
     copies: usize,
+    /// The disks say they are rotational.
+    rotational: bool,
 }
 
 impl Fixture {
     fn new(groups: usize, copies: usize) -> Fixture {
+        Fixture::of_kind(groups, copies, false)
+    }
+
+    /// A pool whose disks say they are rotational, or flash.
+    fn of_kind(groups: usize, copies: usize, rotational: bool) -> Fixture {
         let names: Vec<String> = (0..groups * copies).map(|i| format!("disk{i}")).collect();
         let disks: Vec<Arc<SimDisk>> = names
             .iter()
-            .map(|n| Arc::new(SimDisk::new(n, DISK_BYTES)))
+            .map(|n| Arc::new(SimDisk::of_kind(n, DISK_BYTES, rotational)))
             .collect();
         let layout = Layout {
             groups: (0..groups)
@@ -71,6 +78,7 @@ impl Fixture {
             disks,
             names,
             copies,
+            rotational,
         }
     }
 

@@ -100,11 +100,17 @@ pub struct SimDisk {
 
 impl SimDisk {
     pub fn new(name: &str, size_bytes: u64) -> SimDisk {
+        SimDisk::of_kind(name, size_bytes, false)
+    }
+
+    /// A disk that says it is rotational or flash: the pool's queues and
+    /// read selection take other paths for each.
+    pub fn of_kind(name: &str, size_bytes: u64, rotational: bool) -> SimDisk {
         SimDisk {
             info: DeviceInfo {
                 size_bytes,
                 logical_block_bytes: SECTOR as u32,
-                rotational: false,
+                rotational,
                 description: format!("sim disk {name}"),
             },
             state: Mutex::new(State::default()),

@@ -819,7 +819,7 @@ impl Run {
         };
         self.replacements += 1;
         let name = format!("replacement{}", self.replacements);
-        let fresh = Arc::new(SimDisk::new(&name, DISK_BYTES));
+        let fresh = Arc::new(SimDisk::of_kind(&name, DISK_BYTES, self.fixture.rotational));
         let pool = Arc::clone(self.pool());
         pool.attach_replacement(
             group,
@@ -1082,7 +1082,11 @@ pub(crate) fn run(mut rng: Rng) -> Result<(), String> {
         _ => (2, 2),
     };
     let data_faults = rng.below(3) != 0;
-    let fixture = Fixture::new(groups, copies);
+    // Rotational disks take the queues' and the read selection's disk
+    // paths (scrub positions steer reads; equal copies gather reads beside
+    // background work).
+    let rotational = rng.below(2) == 0;
+    let fixture = Fixture::of_kind(groups, copies, rotational);
     let pool = fixture.open();
     let mut run = Run {
         rng,
