@@ -64,16 +64,16 @@ const EQUAL_PREDICTIONS_RATIO: f64 = 1.2;
 /// hold it back for reads (the adaptive mode), a read that could go to any
 /// of several equal copies goes to the one with the most reads in flight,
 /// while that is under this many. A drive left without reads streams its
-/// background at full depth; reads spread one per drive
-/// left each drive's background a 1 MiB read at a time between them, a
-/// seek away each. In the simulator's 2-way HDD mirrors beside a resilver
-/// that took a 16-128 KiB QD4 reader's p99 from 1.14-1.26x zfs's to
-/// 0.91-0.99x, and the resilver from 0.25-0.29 of its idle rate to
-/// 0.33-0.35 (seeds 1-4); a 128 KiB QD2 reader that had settled one read
-/// per drive (seed 3) left its resilver 0.13 of its idle rate, now 0.47.
-/// With no bound, reads gathered eight deep on one drive beside a QD8
-/// reader's scrub, at 1.14-1.33x zfs's p99; with three, fewer cells of an
-/// off-matrix sweep met their figures (43 of 66 against 46; 38 spreading).
+/// background at full depth; reads spread one per drive left each drive's
+/// background a 1 MiB read at a time between them, a seek away each. In
+/// the simulator's 2-way HDD mirrors beside a resilver, gathering took a
+/// 16-128 KiB QD4 reader's p99 from 1.14-1.26x zfs's to 0.91-0.99x, and
+/// the resilver from 0.25-0.29 of its idle rate to 0.33-0.35 (seeds 1-4);
+/// a 128 KiB QD2 reader that had settled one read per drive (seed 3) had
+/// left its resilver 0.13 of its idle rate, 0.47 gathered. With no bound,
+/// reads gathered eight deep on one drive beside a QD8 reader's scrub, at
+/// 1.14-1.33x zfs's p99; with three, fewer cells of an off-matrix sweep
+/// met their figures (43 of 66 against 46; 38 spreading).
 const GATHER_READS_MAX: u32 = 4;
 
 /// A set of copies, as bits.
