@@ -572,8 +572,7 @@ impl Simulation {
             self.selector
                 .set_background(i, waiting, d.spec.rotational());
             if scrubbing {
-                self.selector
-                    .set_background_position(i, d.scrub_reads, d.spec.rotational());
+                self.selector.set_background_position(i, d.scrub_reads);
             }
         }
         let choice = self

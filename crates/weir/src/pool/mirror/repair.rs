@@ -91,23 +91,16 @@ impl PoolData {
     }
 
     /// Tell the group's read selector how far each copy's scrub has got
-    /// (`positions`: member slot and next chunk), and whether each copy is
-    /// a rotating disk; `None` when the scrub of the group stops, so that
-    /// no copy stays preferred.
+    /// (`positions`: member slot and next chunk); `None` when the scrub of
+    /// the group stops, so that no copy stays preferred. Whether each copy
+    /// is a rotating disk, the read path tells it with every read.
     pub fn note_scrub_positions(&self, group_index: usize, positions: Option<&[(usize, u64)]>) {
         let group = &self.groups[group_index];
-        // Read before the selector's lock, so that no member's lock is
-        // taken under it.
-        let rotational: Vec<bool> = group
-            .slots
-            .iter()
-            .map(|s| s.attached().is_some_and(|a| a.device().info().rotational))
-            .collect();
         let mut selector = group.selector.lock();
         match positions {
             Some(positions) => {
                 for &(slot, chunk) in positions {
-                    selector.set_background_position(slot, chunk, rotational[slot]);
+                    selector.set_background_position(slot, chunk);
                 }
             }
             None => selector.clear_background_positions(),

@@ -339,15 +339,13 @@ impl MirrorSelector {
         self.background_held_for_reads = held;
     }
 
-    /// `copy`'s scrub has reached `chunk` (its next one to read), on a
-    /// `rotational` device or not. Among equal copies a read goes to the
-    /// one furthest ahead, so that the copy holding the scrub back is
-    /// interrupted least; when every copy is a rotating disk, a copy
-    /// lagging far behind gets no reads.
-    pub fn set_background_position(&mut self, copy: usize, chunk: u64, rotational: bool) {
-        let state = &mut self.copies[copy];
-        state.background_position = chunk;
-        state.rotational = rotational;
+    /// `copy`'s scrub has reached `chunk` (its next one to read). Among
+    /// equal copies a read goes to the one furthest ahead, so that the copy
+    /// holding the scrub back is interrupted least; when every copy is a
+    /// rotating disk (as `set_background` last said), a copy lagging far
+    /// behind gets no reads.
+    pub fn set_background_position(&mut self, copy: usize, chunk: u64) {
+        self.copies[copy].background_position = chunk;
         self.scrub_positions_known = true;
     }
 
@@ -787,10 +785,10 @@ mod tests {
         // (which the scrub waits for) is left alone.
         selector.set_background(0, 4, false);
         selector.set_background(1, 4, false);
-        selector.set_background_position(0, 100, false);
-        selector.set_background_position(1, 140, false);
+        selector.set_background_position(0, 100);
+        selector.set_background_position(1, 140);
         assert_eq!(chosen(&mut selector), 1);
-        selector.set_background_position(0, 180, false);
+        selector.set_background_position(0, 180);
         assert_eq!(chosen(&mut selector), 0);
         // Still only a tie-break: a copy with less queued wins regardless.
         selector.set_background(0, 12, false);
@@ -808,8 +806,8 @@ mod tests {
         let mut now = run_one_at_a_time(&mut selector, &[100_000, 100_000], 100);
         // As on a disk mirror: the reader's copy throttles its scrub, so
         // less background is at that device than at the other.
-        selector.set_background(0, 4, false);
-        selector.set_background(1, 10, false);
+        selector.set_background(0, 4, true);
+        selector.set_background(1, 10, true);
         let read_at = |selector: &mut MirrorSelector, now: Nanos| {
             let choice = selector.choose(read(9 << 30, 4096), now).unwrap();
             selector.completed(choice, 100_000, now + 100_000);
@@ -818,13 +816,13 @@ mod tests {
         // Reads a probe interval apart stay on copy 0 while its scrub lags
         // copy 1's by up to the switch lag.
         for lag in [0, 10, SCRUB_LAG_SWITCH_CHUNKS] {
-            selector.set_background_position(0, 1000, true);
-            selector.set_background_position(1, 1000 + lag, true);
+            selector.set_background_position(0, 1000);
+            selector.set_background_position(1, 1000 + lag);
             now += 2 * PROBE_AFTER_NS;
             assert_eq!(read_at(&mut selector, now), 0, "lag {lag}");
         }
         // One chunk more and the reader moves.
-        selector.set_background_position(1, 1001 + SCRUB_LAG_SWITCH_CHUNKS, true);
+        selector.set_background_position(1, 1001 + SCRUB_LAG_SWITCH_CHUNKS);
         now += 2 * PROBE_AFTER_NS;
         assert_eq!(read_at(&mut selector, now), 1);
         // Scrub over: probes again. Copy 1 now predicts the sooner finish,
@@ -844,8 +842,8 @@ mod tests {
         selector.set_background(1, 10, false);
         // Copy 0 lags far behind, and copy 1 has not been heard from
         // lately: it gets a probe.
-        selector.set_background_position(0, 0, false);
-        selector.set_background_position(1, 10 * SCRUB_LAG_SWITCH_CHUNKS, false);
+        selector.set_background_position(0, 0);
+        selector.set_background_position(1, 10 * SCRUB_LAG_SWITCH_CHUNKS);
         let later = now + 2 * PROBE_AFTER_NS;
         let probe = selector.choose(read(9 << 30, 4096), later).unwrap();
         assert_eq!(probe.copy, 1);
