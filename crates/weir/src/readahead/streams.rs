@@ -493,7 +493,21 @@ impl Streams {
             trial.note_depth(stream.outstanding);
             let reads_ahead = trial.on_read(frontier, ahead_end, now_ns, streaming_rate);
             trial_paces.insert(size_class, trial.pace());
-            if !reads_ahead {
+            // On a disk beside other streams it reads ahead whatever the
+            // trial says: its windows then take turns with theirs, one
+            // at a time each (see the store's gate). Its own reads, sent
+            // as they come, would always have one right where the head
+            // is, and the drive would serve nothing else until its own
+            // age limit (two
+            // 64 KiB streams four deep on the HDD model read 22 and
+            // 139 MB/s, 80 and 92 this way; two 1 MiB ones 175 and 34,
+            // 85 and 90, with the longest wait 0.9 s instead of 2.4).
+            // Beside random reads it does not: its windows would be held
+            // to a quarter of their gaps, and read ahead that way it
+            // moved 15 MB/s instead of 143 beside a 4 KiB QD1 random
+            // reader.
+            let takes_turns = self.seeking && reading > 1;
+            if !(reads_ahead || takes_turns) {
                 return (id, None);
             }
         }
@@ -1327,6 +1341,39 @@ mod tests {
         // stream, which starts at the pace the first one learned.
         let again = deep_reads(&mut streams, 0, length, 2_000, &mut now);
         assert!(again.is_empty(), "read ahead again at reads {again:?}");
+    }
+
+    /// Two clients each keeping eight reads of its own 64 KiB stream in
+    /// flight, their reads interleaved, `rounds` reads each: how many
+    /// read-aheads were planned.
+    fn two_deep_streams(seeking: bool, rounds: u64) -> usize {
+        let mut streams = Streams::new(seeking);
+        let length = 64 << 10;
+        let starts = [0, SIZE / 2];
+        let mut outstanding: [Vec<u64>; 2] = Default::default();
+        let mut plans = 0;
+        for i in 0..rounds {
+            for (k, start) in starts.iter().enumerate() {
+                let now = (2 * i + k as u64) * 300_000;
+                let (stream, plan) =
+                    streams.on_read(start + i * length, length, 1 << 30, 4096, SIZE, now);
+                plans += usize::from(plan.is_some());
+                outstanding[k].push(stream);
+                if outstanding[k].len() == 8 {
+                    streams.answered(outstanding[k].remove(0));
+                }
+            }
+        }
+        plans
+    }
+
+    #[test]
+    fn on_a_disk_deep_streams_beside_each_other_read_ahead_without_a_trial() {
+        // A deep stream's trial first measures it for 64 reads without
+        // read-ahead: on flash nothing is planned before then.
+        assert_eq!(two_deep_streams(false, 60), 0);
+        // On a disk each stream's windows take turns with the other's.
+        assert!(two_deep_streams(true, 60) >= 2);
     }
 
     #[test]
