@@ -494,16 +494,15 @@ impl Streams {
             let reads_ahead = trial.on_read(frontier, ahead_end, now_ns, streaming_rate);
             trial_paces.insert(size_class, trial.pace());
             // On a disk beside other streams it reads ahead whatever the
-            // trial says: its windows then take turns with theirs, one
-            // at a time each (see the store's gate). Its own reads, sent
-            // as they come, would always have one right where the head
-            // is, and the drive would serve nothing else until its own
-            // age limit (two
-            // 64 KiB streams four deep on the HDD model read 22 and
-            // 139 MB/s, 80 and 92 this way; two 1 MiB ones 175 and 34,
-            // 85 and 90, with the longest wait 0.9 s instead of 2.4).
-            // Beside random reads it does not: its windows would be held
-            // to a quarter of their gaps, and read ahead that way it
+            // trial says: its windows then take turns with theirs, one at
+            // a time each (see the store's gate). Its own reads, sent as
+            // they come, would always have one right where the head is,
+            // and the drive would serve nothing else until its own age
+            // limit (two 64 KiB streams four deep on the HDD model read
+            // 22 and 139 MB/s, 80 and 92 taking turns; two 1 MiB ones 175
+            // and 34, 85 and 90, with the longest wait 0.9 s instead of
+            // 2.4). Beside random reads it does not: its windows would be
+            // held to a quarter of their gaps, and read ahead that way it
             // moved 15 MB/s instead of 143 beside a 4 KiB QD1 random
             // reader.
             let takes_turns = self.seeking && reading > 1;
