@@ -123,6 +123,25 @@ fn read(store: &ReadaheadStore, held: &HeldStore, rng: &mut Rng, offset: u64, le
     read_failing(store, held, rng, offset, len, u64::MAX)
 }
 
+/// Send a client read through `store`: its bytes land in the slot once
+/// it is answered.
+fn send_read(store: &ReadaheadStore, offset: u64, length: u64) -> Arc<Mutex<Option<Vec<u8>>>> {
+    let slot = Arc::new(Mutex::new(None));
+    let answer = Arc::clone(&slot);
+    store.submit(
+        IoClass::SyncRead,
+        DeviceOp::Read {
+            offset,
+            buf: AlignedBuf::new(length as usize),
+        },
+        Box::new(move |outcome| {
+            outcome.result.expect("read");
+            *answer.lock().unwrap() = Some(outcome.buf.expect("data").as_slice().to_vec());
+        }),
+    );
+    slot
+}
+
 /// As `read`, with read-aheads failing as `release_one_failing` says.
 fn read_failing(
     store: &ReadaheadStore,
@@ -132,19 +151,7 @@ fn read_failing(
     len: u64,
     fail_longer_than: u64,
 ) -> Vec<u8> {
-    let slot = Arc::new(Mutex::new(None));
-    let answer = Arc::clone(&slot);
-    store.submit(
-        IoClass::SyncRead,
-        DeviceOp::Read {
-            offset,
-            buf: AlignedBuf::new(len as usize),
-        },
-        Box::new(move |outcome| {
-            outcome.result.expect("read");
-            *answer.lock().unwrap() = Some(outcome.buf.expect("data").as_slice().to_vec());
-        }),
-    );
+    let slot = send_read(store, offset, len);
     loop {
         if let Some(bytes) = slot.lock().unwrap().take() {
             return bytes;
@@ -330,28 +337,6 @@ struct ReadInFlight {
     got: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
-fn send_read(store: &ReadaheadStore, offset: u64, length: u64, want: Vec<u8>) -> ReadInFlight {
-    let got = Arc::new(Mutex::new(None));
-    let answer = Arc::clone(&got);
-    store.submit(
-        IoClass::SyncRead,
-        DeviceOp::Read {
-            offset,
-            buf: AlignedBuf::new(length as usize),
-        },
-        Box::new(move |outcome| {
-            outcome.result.expect("read");
-            *answer.lock().unwrap() = Some(outcome.buf.expect("data").as_slice().to_vec());
-        }),
-    );
-    ReadInFlight {
-        offset,
-        length,
-        want,
-        got,
-    }
-}
-
 /// Two clients on a disk each keep several sequential reads in flight, so
 /// their windows go as client reads and take turns, while writes land
 /// over read-aheads in flight and reads complete in any order. A write
@@ -380,7 +365,12 @@ fn deep_readers_on_a_disk_never_get_bytes_older_than_an_answered_write() {
                     let (offset, length) = (cursors[k] * BLOCK, count * BLOCK);
                     cursors[k] += count;
                     let want = reference[offset as usize..(offset + length) as usize].to_vec();
-                    in_flight.push(send_read(&store, offset, length, want));
+                    in_flight.push(ReadInFlight {
+                        offset,
+                        length,
+                        want,
+                        got: send_read(&store, offset, length),
+                    });
                 }
                 7..=8 => {
                     let count = 1 + rng.below(32);
