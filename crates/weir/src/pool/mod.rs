@@ -45,6 +45,9 @@ pub struct StoreInfo {
     /// Offsets and lengths of every op must be multiples of this.
     pub block_bytes: u32,
     pub rotational: bool,
+    /// Devices that serve its reads side by side: a mirror's copies, one
+    /// for a single device.
+    pub read_devices: u32,
     pub description: String,
 }
 
@@ -116,6 +119,7 @@ impl SingleDevice {
             size_bytes: device.size_bytes,
             block_bytes: device.logical_block_bytes,
             rotational: device.rotational,
+            read_devices: 1,
             description: device.description.clone(),
         };
         SingleDevice { queue, info }

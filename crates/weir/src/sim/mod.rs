@@ -312,6 +312,7 @@ impl Simulation {
             size.unwrap_or(0),
             4096,
             rotational,
+            self.devices.len() as u32,
             memory_max,
         ));
         Ok(self)

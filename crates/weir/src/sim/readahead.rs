@@ -112,7 +112,13 @@ pub(super) struct SimReadahead {
 impl SimReadahead {
     /// `size` and `block` as the volume's; `memory_max` the server's
     /// read-ahead bound.
-    pub(super) fn new(size: u64, block: u32, rotational: bool, memory_max: u64) -> SimReadahead {
+    pub(super) fn new(
+        size: u64,
+        block: u32,
+        rotational: bool,
+        read_devices: u32,
+        memory_max: u64,
+    ) -> SimReadahead {
         let handoff = Arc::new(Handoff::default());
         let clock = Arc::new(AtomicU64::new(0));
         let devices = Arc::new(Devices {
@@ -120,6 +126,7 @@ impl SimReadahead {
                 size_bytes: size,
                 block_bytes: block,
                 rotational,
+                read_devices,
                 description: "simulated devices".into(),
             },
             handoff: Arc::clone(&handoff),

@@ -22,6 +22,7 @@ impl MemStore {
                 size_bytes: size as u64,
                 block_bytes: 4096,
                 rotational: false,
+                read_devices: 1,
                 description: "test".into(),
             },
             bytes: Mutex::new(vec![0; size]),

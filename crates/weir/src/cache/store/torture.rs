@@ -62,6 +62,7 @@ impl SimStore {
                 size_bytes: bytes as u64,
                 block_bytes: BLOCK as u32,
                 rotational: false,
+                read_devices: 1,
                 description: "sim".into(),
             },
             state: Mutex::new(SimState {

@@ -496,6 +496,12 @@ impl PoolData {
         self.groups.len()
     }
 
+    /// Devices that serve the pool's reads side by side: every copy of
+    /// every group.
+    pub fn devices(&self) -> u32 {
+        self.groups.iter().map(|g| g.slots.len() as u32).sum()
+    }
+
     pub fn chunks_per_group(&self) -> u64 {
         self.stripe.chunks_per_group
     }

@@ -24,6 +24,7 @@ impl PoolVolume {
             size_bytes: entry.size_bytes,
             block_bytes: entry.block_bytes,
             rotational: pool.rotational,
+            read_devices: pool.devices(),
             description: format!("pool {} volume {}", pool.name, entry.name),
         };
         Ok(PoolVolume {

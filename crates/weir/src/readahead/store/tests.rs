@@ -28,6 +28,7 @@ impl HeldStore {
                 size_bytes: SIZE as u64,
                 block_bytes: BLOCK as u32,
                 rotational: true,
+                read_devices: 1,
                 description: "held".into(),
             },
             bytes: Mutex::new(vec![0; SIZE]),
@@ -620,6 +621,69 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
         .find_map(|j| read(&mut state, j, 400 + j))
         .expect("it reads ahead again");
     assert_eq!(next.start, dropped.start);
+}
+
+#[test]
+fn on_a_disk_streams_read_ahead_in_turns() {
+    let mut state = State::default();
+    let window = 1 << 20;
+    let mut next_id = 0;
+    let mut plan = |state: &mut State, stream: u64, start: u64| {
+        next_id += 1;
+        let plan = Plan {
+            stream,
+            start,
+            end: start + window,
+            urgent: false,
+            deep: false,
+        };
+        state.fetches.insert(
+            next_id,
+            Fetch {
+                start,
+                end: start + window,
+                stream,
+                stale: false,
+                urgent: false,
+                waiting: Vec::new(),
+            },
+        );
+        (next_id, plan)
+    };
+    let ids = |pieces: &[(u64, Plan)]| pieces.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+    // Three streams each send a window.
+    let first: Vec<_> = (1..=3).map(|s| plan(&mut state, s, s << 30)).collect();
+    assert_eq!(ids(&state.gate(first, true, 100)), [1, 2, 3]);
+    // Stream 1's lands first: its next waits while the other two, sent
+    // before, are in the device.
+    state.fetches.remove(1);
+    assert_eq!(state.landed(1, false, 200), None);
+    let again = plan(&mut state, 1, (1 << 30) + window);
+    assert!(state.gate(vec![again], true, 210).is_empty());
+    // Stream 2's lands: stream 1 still waits for stream 3's, and so does
+    // stream 2's own next.
+    state.fetches.remove(2);
+    assert_eq!(state.landed(2, false, 300), None);
+    assert!(state.turns_come(300).is_empty());
+    let again = plan(&mut state, 2, (2 << 30) + window);
+    assert!(state.gate(vec![again], true, 310).is_empty());
+    // Stream 3's lands: the round is over and both go; stream 3's next
+    // goes beside them.
+    state.fetches.remove(3);
+    assert_eq!(state.landed(3, false, 400), None);
+    assert_eq!(ids(&state.turns_come(400)), [4, 5]);
+    let again = plan(&mut state, 3, (3 << 30) + window);
+    assert_eq!(ids(&state.gate(vec![again], true, 410)), [6]);
+    // A stream alone on the disk never waits.
+    for id in 4..=6 {
+        state.fetches.remove(id);
+    }
+    state.landed(1, false, 500);
+    state.landed(2, false, 510);
+    state.landed(3, false, 520);
+    assert!(state.landed_at.is_empty());
+    let alone = plan(&mut state, 1, (1 << 30) + 2 * window);
+    assert_eq!(ids(&state.gate(vec![alone], true, 600)), [7]);
 }
 
 #[test]
