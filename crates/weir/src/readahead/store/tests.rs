@@ -202,6 +202,15 @@ fn read_in_pieces(
     }
 }
 
+/// `store` held at most `limit` bytes read ahead, and once dropped it
+/// holds none of the budget.
+fn drop_within_budget(store: Arc<ReadaheadStore>, limit: u64, seed: u64) {
+    let budget = Arc::clone(&store.budget);
+    assert!(budget.held_bytes() <= limit, "seed {seed}: over the budget");
+    drop(store);
+    assert_eq!(budget.held_bytes(), 0, "seed {seed}: memory held by no one");
+}
+
 fn write(store: &ReadaheadStore, offset: u64, bytes: &[u8]) {
     let mut buf = AlignedBuf::new(bytes.len());
     buf.as_mut_slice().copy_from_slice(bytes);
@@ -320,13 +329,7 @@ fn reads_never_return_bytes_older_than_an_answered_write() {
         }
         while held.release_one(&mut rng) {}
         assert!(store.state().use_index_matches(), "seed {seed}");
-        let budget = Arc::clone(&store.budget);
-        assert!(
-            budget.held_bytes() <= 2 << 20,
-            "seed {seed}: over the budget"
-        );
-        drop(store);
-        assert_eq!(budget.held_bytes(), 0, "seed {seed}: memory held by no one");
+        drop_within_budget(store, 2 << 20, seed);
     }
 }
 
@@ -424,13 +427,7 @@ fn deep_readers_on_a_disk_never_get_bytes_older_than_an_answered_write() {
             );
         }
         hits += store.counters().hits.load(Ordering::Relaxed);
-        let budget = Arc::clone(&store.budget);
-        assert!(
-            budget.held_bytes() <= 2 << 20,
-            "seed {seed}: over the budget"
-        );
-        drop(store);
-        assert_eq!(budget.held_bytes(), 0, "seed {seed}: memory held by no one");
+        drop_within_budget(store, 2 << 20, seed);
     }
     assert!(hits > 0, "no read was answered from read-ahead");
 }
