@@ -23,6 +23,8 @@ pub(super) struct Fetch {
     pub start: u64,
     pub end: u64,
     pub stream: u64,
+    /// End of the window it is a piece of.
+    pub window_end: u64,
     /// A write overlapped it while in flight: its bytes may be older.
     pub stale: bool,
     /// Sent as a client read, or promoted to one since.
@@ -96,6 +98,7 @@ mod tests {
             start,
             end,
             stream: 1,
+            window_end: end,
             stale: false,
             urgent: false,
             waiting: Vec::new(),

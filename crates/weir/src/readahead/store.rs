@@ -24,8 +24,22 @@ use crate::metrics::ReadaheadReport;
 use crate::pool::{PieceDone, Store, StoreInfo};
 use crate::sched::IoClass;
 
-/// On flash, read-ahead goes in reads of this many client requests.
+/// On flash, read-ahead goes in reads of this many client requests, and
+/// on a disk in reads of at least as many.
 const PIECE_REQUESTS: u64 = 4;
+/// On a disk, a window goes in about this many reads after a first of
+/// `PIECE_REQUESTS` requests: its reader waits for that first one, not
+/// the whole window (read whole, a QD1 stream beside another on the
+/// served HDD model waited up to a second for 32 MiB windows).
+const DISK_WINDOW_PIECES: u64 = 8;
+/// On a disk, a window's pieces in the device at once (see `State::send`):
+/// sent only once the one before had landed, other reads queued meanwhile
+/// went between every two of them; all sent at once, two 64 KiB QD1
+/// streams on the served HDD model read 0.68-0.73 of its rate, two at a
+/// time 0.78-0.81.
+const DISK_PIECES_IN_FLIGHT: u32 = 2;
+/// On a disk, the windows a deep client's turn takes (see `State::landed`).
+const TURN_DEEP_WINDOWS: u32 = 2;
 /// A prefetch (NBD_CMD_CACHE) takes at most this share of the read-ahead
 /// memory, as one stream's window does beside other readers: a client's
 /// hint may not push out what the streams read ahead.
@@ -112,6 +126,30 @@ struct WriteInFlight {
     end: u64,
 }
 
+/// How a planned read-ahead is cut into device reads (`register`).
+#[derive(Clone, Copy)]
+struct Cut {
+    first_bytes: u64,
+    bytes: u64,
+    /// A last read shorter than this joins the one before.
+    bytes_min: u64,
+}
+
+/// A stream's window in the devices, sent a piece at a time.
+struct Turn {
+    start: u64,
+    end: u64,
+    started_ns: u64,
+    /// Its pieces in the devices.
+    in_flight: u32,
+    /// Windows of the stream's this turn has sent, this one included.
+    windows: u32,
+    /// A deep client's window (see `State::landed`).
+    deep: bool,
+    /// End of the furthest piece landed.
+    landed_end: u64,
+}
+
 #[derive(Default)]
 struct State {
     streams: Streams,
@@ -121,18 +159,17 @@ struct State {
     by_use: BTreeMap<u64, BTreeSet<(u64, u64)>>,
     fetches: Fetches,
     writes: BTreeMap<u64, WriteInFlight>,
-    /// Per stream, on a disk: read-aheads in the device, and those held
-    /// back until it is served (see `gate`).
-    sent: HashMap<u64, u32>,
+    /// Per stream, on a disk: the pieces of its windows not yet sent, in
+    /// order (see `gate`).
     held: HashMap<u64, VecDeque<(u64, Plan)>>,
-    /// Per stream, on a disk: when its read-ahead in the device was sent.
-    sent_at: HashMap<u64, u64>,
-    /// Disks that serve the volume's reads side by side (`waits_turn`).
+    /// Per stream, on a disk: its window in the devices.
+    turns: HashMap<u64, Turn>,
+    /// Streams whose next window waits for a disk, in the order they
+    /// began to wait.
+    waiting: VecDeque<u64>,
+    /// Disks that serve the volume's reads side by side: windows in the
+    /// devices at once.
     read_devices: u32,
-    /// Per stream, on a disk: when its last read-ahead landed, while a
-    /// read-ahead sent before then is still in the device (see
-    /// `waits_turn`).
-    landed_at: HashMap<u64, u64>,
     /// Starts of segments in the order their readers passed them: the
     /// first to go when room is needed, found without a scan (a 4 KiB
     /// stream on flash leaves tens of thousands of small segments behind).
@@ -148,86 +185,85 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
 
 impl State {
     /// Which of a stream's new read-aheads go now: all of them, or on a
-    /// disk one at a time per stream, the next when the last lands and
-    /// the stream's turn has come (`waits_turn`). A second, at the blocks
-    /// right after the first, is what the drive serves next whatever else
-    /// waits (it is the cheapest to reach), so another stream's or a
-    /// random reader's read would wait for the drive's own age limit,
-    /// seconds.
+    /// disk one window at a time per disk, the streams in turns
+    /// (`turns_come`), each window's pieces a few at a time (`send`).
     fn gate(
         &mut self,
         pieces: Vec<(u64, Plan)>,
         one_at_a_time: bool,
         now_ns: u64,
     ) -> Vec<(u64, Plan)> {
-        if !one_at_a_time {
+        if !one_at_a_time || pieces.is_empty() {
             return pieces;
         }
-        let mut now = Vec::new();
-        for piece in pieces {
-            let stream = piece.1.stream;
-            let waits = self.waits_turn(stream);
-            let sent = self.sent.entry(stream).or_insert(0);
-            if *sent == 0 && !waits {
-                *sent += 1;
-                self.sent_at.insert(stream, now_ns);
-                now.push(piece);
-            } else {
-                self.held.entry(stream).or_default().push_back(piece);
-            }
+        let stream = pieces[0].1.stream;
+        self.held.entry(stream).or_default().extend(pieces);
+        if !self.turns.contains_key(&stream) && !self.waiting.contains(&stream) {
+            self.waiting.push_back(stream);
         }
-        now
+        self.turns_come(now_ns)
     }
 
-    /// On a disk, `stream`'s next read-ahead waits while other streams'
-    /// sent before its last one landed are still in the devices, one per
-    /// disk that serves reads: the streams' windows go in turns. A drive
-    /// serves what is nearest its head, so without turns two streams whose
-    /// windows lie close together took it in turns while others further
-    /// off waited for its age limit (four 64 KiB QD1 streams on the HDD
-    /// model: one read 1.3 MB/s while another read 79, and reads waited
-    /// 2.3 s; in turns each read 35-40). On a mirror each copy serves a
-    /// stream of its own meanwhile, and no stream waits for another
-    /// copy's window.
-    fn waits_turn(&self, stream: u64) -> bool {
-        let Some(&landed) = self.landed_at.get(&stream) else {
-            return false;
-        };
-        let before = self
-            .sent_at
-            .iter()
-            .filter(|&(&other, &sent)| other != stream && sent < landed)
-            .count();
-        before >= self.read_devices.max(1) as usize
-    }
-
-    /// Streams whose turn has come (`waits_turn`) send their next held
-    /// read-ahead, in the order of their ids so that a run repeats.
+    /// Windows go in turns, one in the devices per disk that serves reads,
+    /// the streams in the order they began to wait. A drive serves what is
+    /// nearest its head, so without turns two streams whose windows lie
+    /// close together took it in turns while others further off waited
+    /// for its age limit (four 64 KiB QD1 streams on the HDD model: one
+    /// read 1.3 MB/s while another read 79, and reads waited 2.3 s; in
+    /// turns each read 35-40). A stream whose window just landed waits
+    /// behind those that waited for it (but see `landed`). On a mirror
+    /// each copy serves a stream of its own meanwhile.
     fn turns_come(&mut self, now_ns: u64) -> Vec<(u64, Plan)> {
-        let mut waiting: Vec<u64> = self
-            .held
-            .keys()
-            .copied()
-            .filter(|stream| self.sent.get(stream).is_none_or(|&sent| sent == 0))
-            .collect();
-        waiting.sort_unstable();
         let mut now = Vec::new();
-        for stream in waiting {
-            if self.waits_turn(stream) {
-                continue;
-            }
+        while self.turns.len() < self.read_devices.max(1) as usize {
+            let Some(stream) = self.waiting.pop_front() else {
+                break;
+            };
             let mut held = self.held.remove(&stream).unwrap_or_default();
             self.skip_read_past(stream, &mut held);
-            if let Some(piece) = held.pop_front() {
-                *self.sent.entry(stream).or_insert(0) += 1;
-                self.sent_at.insert(stream, now_ns);
-                now.push(piece);
+            if let Some((turn, pieces)) = self.send(&mut held, 1, now_ns) {
+                self.turns.insert(stream, turn);
+                now.extend(pieces);
             }
             if !held.is_empty() {
                 self.held.insert(stream, held);
             }
         }
         now
+    }
+
+    /// The first pieces of the window at the front of `held`, taken from
+    /// it, as the `windows`th of a turn. The drive always has the next
+    /// piece of the window queued when it finishes one, and that piece
+    /// is what it serves next, at the head. Several pieces sent together
+    /// may be read in either order, which costs a rotation, so a window
+    /// in pieces starts with a short one: what its reader waits for.
+    fn send(
+        &self,
+        held: &mut VecDeque<(u64, Plan)>,
+        windows: u32,
+        now_ns: u64,
+    ) -> Option<(Turn, Vec<(u64, Plan)>)> {
+        let (id, first) = held.front()?;
+        let end = self.fetches.get(*id).map_or(first.end, |f| f.window_end);
+        let mut turn = Turn {
+            start: first.start,
+            end,
+            started_ns: now_ns,
+            in_flight: 0,
+            windows,
+            deep: first.deep,
+            landed_end: first.start,
+        };
+        let mut pieces = Vec::new();
+        while turn.in_flight < DISK_PIECES_IN_FLIGHT {
+            let Some(piece) = held.pop_front_if(|(_, p)| p.start < end) else {
+                break;
+            };
+            turn.in_flight += 1;
+            pieces.push(piece);
+        }
+        Some((turn, pieces))
     }
 
     /// Drop `stream`'s held read-aheads that its reader already read past
@@ -243,63 +279,74 @@ impl State {
         }
     }
 
-    /// A read-ahead of `stream` is back: its next held one, if any, goes,
-    /// unless the stream's reader has not read since it was sent and waits
-    /// for none of them. Then its held ones are dropped: a reader that
-    /// stopped (or that reads slower than its disk) would otherwise leave
-    /// a queue of windows to take the disk from the readers that remain.
-    /// Its next read plans again from where the dropped ones began.
-    fn landed(&mut self, stream: u64, waited_for: bool, now_ns: u64) -> Option<(u64, Plan)> {
-        let sent = self.sent.get_mut(&stream)?;
-        *sent -= 1;
-        let sent_at = self.sent_at.remove(&stream).unwrap_or(0);
-        // Only a landing after a read-ahead still in the device was sent
-        // can hold a stream's turn.
-        match self.sent_at.values().min() {
-            Some(&oldest) => self.landed_at.retain(|_, landed| *landed > oldest),
-            None => self.landed_at.clear(),
+    /// A piece of `stream`'s window ending at `end` is back: the window's
+    /// next piece goes now. Once the window is all in, it tells the
+    /// streams what it cost. A deep client's window takes the client's
+    /// next one along in its turn: the client waits for all of each (see
+    /// `Plan::deep`), and the seek saved is the other readers' gain too
+    /// (two 4 KiB streams four deep on the HDD model read 154 MB/s a window
+    /// per turn, 183 two). Any other window ends the turn, since the other
+    /// streams' readers wait through it, and the stream's next one waits
+    /// for its turn (`turns_come`), unless the stream's reader has not
+    /// read since the window was sent and waits for none of them. Then
+    /// its held ones are dropped: a reader that stopped (or that reads
+    /// slower than its disk) would otherwise leave a queue of windows to
+    /// take the disk from the readers that remain. Its next read plans
+    /// again from where the dropped ones began.
+    fn landed(&mut self, stream: u64, end: u64, waited_for: bool, now_ns: u64) -> Vec<(u64, Plan)> {
+        let Some(turn) = self.turns.get_mut(&stream) else {
+            return Vec::new();
+        };
+        turn.in_flight -= 1;
+        turn.landed_end = turn.landed_end.max(end);
+        let (turn_end, in_flight) = (turn.end, turn.in_flight);
+        let mut held = self.held.remove(&stream).unwrap_or_default();
+        // What the reader already read by itself need not come again.
+        self.skip_read_past(stream, &mut held);
+        let next = held.pop_front_if(|(_, p)| p.start < turn_end);
+        if next.is_some() || in_flight > 0 {
+            if !held.is_empty() {
+                self.held.insert(stream, held);
+            }
+            let turn = self.turns.get_mut(&stream).expect("looked up above");
+            turn.in_flight += u32::from(next.is_some());
+            return next.into_iter().collect();
         }
-        if !self.sent_at.is_empty() {
-            self.landed_at.insert(stream, now_ns);
-        }
-        let held = self.held.remove(&stream).unwrap_or_default();
+        let turn = self.turns.remove(&stream).expect("looked up above");
+        self.streams.window_served(
+            turn.landed_end - turn.start,
+            now_ns.saturating_sub(turn.started_ns),
+        );
         let waited_for = waited_for
             || held
                 .iter()
                 .any(|(id, _)| self.fetches.get(*id).is_some_and(|f| !f.waiting.is_empty()));
-        let mut held = if waited_for || self.streams.read_since(stream, sent_at) {
-            held
-        } else {
+        if !(waited_for || self.streams.read_since(stream, turn.started_ns)) {
             if let Some((_, first)) = held.front() {
                 self.streams.rewind(stream, first.start);
             }
             for (id, _) in &held {
                 self.fetches.remove(*id);
             }
-            VecDeque::new()
-        };
-        // What the reader already read by itself need not come again.
-        self.skip_read_past(stream, &mut held);
-        let next = if self.waits_turn(stream) {
-            None
-        } else {
-            held.pop_front()
-        };
+            held.clear();
+        }
+        if turn.deep
+            && turn.windows < TURN_DEEP_WINDOWS
+            && held.front().is_some_and(|(_, p)| p.deep)
+        {
+            if let Some((next, pieces)) = self.send(&mut held, turn.windows + 1, now_ns) {
+                self.turns.insert(stream, next);
+                if !held.is_empty() {
+                    self.held.insert(stream, held);
+                }
+                return pieces;
+            }
+        }
         if !held.is_empty() {
             self.held.insert(stream, held);
+            self.waiting.push_back(stream);
         }
-        match next {
-            Some(piece) => {
-                let sent = self.sent.get_mut(&stream).expect("looked up above");
-                *sent += 1;
-                self.sent_at.insert(stream, now_ns);
-                Some(piece)
-            }
-            None => {
-                self.sent.remove(&stream);
-                None
-            }
-        }
+        self.turns_come(now_ns)
     }
 
     /// The starts of the held segments that together cover
@@ -563,13 +610,39 @@ impl ReadaheadStore {
             now_ns,
         );
         let answer = answer.then_answered(me, stream, length);
-        let piece_bytes = if info.rotational {
-            u64::MAX
-        } else {
-            PIECE_REQUESTS * length.max(u64::from(info.block_bytes))
-        };
+        let request = length.max(u64::from(info.block_bytes));
         let read_ahead = plan.map_or_else(Vec::new, |plan| {
-            let pieces = self.register(&mut state, plan, piece_bytes);
+            let first = PIECE_REQUESTS * request;
+            let cut = if info.rotational && !plan.beside_others && !plan.deep {
+                Cut {
+                    first_bytes: first,
+                    bytes: (plan.end - plan.start)
+                        .div_ceil(DISK_WINDOW_PIECES)
+                        .next_multiple_of(request)
+                        .max(first),
+                    bytes_min: first,
+                }
+            } else if info.rotational {
+                // Beside random readers a window goes whole, as one turn
+                // between their reads: its pieces each waited in the device
+                // queue behind the next of them (a 64 KiB QD1 stream beside
+                // a 4 KiB QD1 random reader on the HDD model read 8.9 MB/s
+                // instead of 24). Its window is a quarter of their gap then,
+                // and short to wait for anyway. A deep client's window
+                // stands for reads it waits for all together.
+                Cut {
+                    first_bytes: u64::MAX,
+                    bytes: u64::MAX,
+                    bytes_min: 0,
+                }
+            } else {
+                Cut {
+                    first_bytes: first,
+                    bytes: first,
+                    bytes_min: 0,
+                }
+            };
+            let pieces = self.register(&mut state, plan, cut);
             state.gate(pieces, info.rotational, now_ns)
         });
         let answered = if let Some(starts) = state.covering(offset, end) {
@@ -654,26 +727,39 @@ impl ReadaheadStore {
                 end,
                 urgent: false,
                 deep: false,
+                beside_others: false,
             };
-            self.register(&mut state, plan, u64::MAX)
+            let whole = Cut {
+                first_bytes: u64::MAX,
+                bytes: u64::MAX,
+                bytes_min: 0,
+            };
+            self.register(&mut state, plan, whole)
         };
         for piece in pieces {
             self.fetch(piece);
         }
     }
 
-    /// Note a planned read-ahead as in flight: on a disk as one device
-    /// read, which it serves with one seek, where several reads of one
-    /// window sent together were reordered (a rotation lost per read) and
-    /// interleaved with the next stream's; on flash in reads of
-    /// `piece_bytes`, which the drive serves side by side and between
-    /// which other readers' reads find their turn. Returns each read's id
-    /// and range.
-    fn register(&self, state: &mut State, plan: Plan, piece_bytes: u64) -> Vec<(u64, Plan)> {
+    /// Note a planned read-ahead as in flight, in reads cut as `cut` says:
+    /// on flash the drive serves them side by side and other readers'
+    /// reads find their turn between them; on a disk they go a few at a
+    /// time (`gate`), since several reads of one window sent together
+    /// were reordered by the drive, a rotation lost per read. Returns each
+    /// read's id and range.
+    fn register(&self, state: &mut State, plan: Plan, cut: Cut) -> Vec<(u64, Plan)> {
         let mut pieces = Vec::new();
         let mut start = plan.start;
         while start < plan.end {
-            let end = start.saturating_add(piece_bytes).min(plan.end);
+            let bytes = if start == plan.start {
+                cut.first_bytes
+            } else {
+                cut.bytes
+            };
+            let mut end = start.saturating_add(bytes).min(plan.end);
+            if plan.end - end < cut.bytes_min {
+                end = plan.end;
+            }
             state.next_id += 1;
             let id = state.next_id;
             // The reader waits for the start of an urgent plan, and a deep
@@ -690,6 +776,7 @@ impl ReadaheadStore {
                     start,
                     end,
                     stream: plan.stream,
+                    window_end: plan.end,
                     stale,
                     urgent,
                     waiting: Vec::new(),
@@ -737,16 +824,7 @@ impl ReadaheadStore {
         let mut state = self.state();
         let fetch = state.fetches.remove(id).expect("a fetch lands once");
         let now_ns = (self.clock)();
-        // On a disk a stream has one read-ahead in the device at a time.
-        if let Some(&sent_at) = state.sent_at.get(&fetch.stream) {
-            let ns = now_ns.saturating_sub(sent_at);
-            state.streams.window_served(fetch.end - fetch.start, ns);
-        }
-        let mut next: Vec<(u64, Plan)> = state
-            .landed(fetch.stream, !fetch.waiting.is_empty(), now_ns)
-            .into_iter()
-            .collect();
-        next.extend(state.turns_come(now_ns));
+        let mut next = state.landed(fetch.stream, fetch.end, !fetch.waiting.is_empty(), now_ns);
         // Whoever waits for a held read-ahead waits for it as for a
         // client read.
         for (id, plan) in &mut next {

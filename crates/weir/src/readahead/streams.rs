@@ -135,6 +135,9 @@ pub struct Plan {
     /// the range stands for reads it would have sent itself, and it waits
     /// for the whole of it.
     pub deep: bool,
+    /// Others read the volume at random meanwhile: the window is bounded
+    /// by the time between their reads.
+    pub beside_others: bool,
 }
 
 #[derive(Debug)]
@@ -583,6 +586,7 @@ impl Streams {
             end: until,
             urgent,
             deep: stream.reads < stream.deep_until_reads,
+            beside_others: others_reading,
         };
         if self.growth.window == 0 {
             self.growth.window = first_window;

@@ -433,16 +433,27 @@ fn deep_readers_on_a_disk_never_get_bytes_older_than_an_answered_write() {
 }
 
 #[test]
-fn on_a_disk_a_stream_keeps_one_read_ahead_in_the_device_and_a_waiting_reader_promotes_it() {
+fn on_a_disk_a_stream_keeps_two_pieces_of_one_window_in_the_device_and_a_waiting_reader_promotes_them(
+) {
     let held = HeldStore::new();
     let store = ReadaheadStore::new(held.clone(), &ReadaheadBudget::new(Some(64 << 20)));
     let mut rng = Rng::new(5);
     let length = 64 << 10;
     for i in 0..96 {
         read(&store, &held, &mut rng, i * length, length);
-        let in_device = held.in_device.lock().unwrap();
-        let read_ahead = in_device.iter().filter(|(_, len, _)| *len > length).count();
-        assert!(read_ahead <= 1, "read {i}: {in_device:?}");
+        let mut in_device: Vec<_> = held
+            .in_device
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, len, _)| *len > length)
+            .map(|&(offset, len, _)| (offset, len))
+            .collect();
+        in_device.sort_unstable();
+        assert!(in_device.len() <= 2, "read {i}: {in_device:?}");
+        if let [(a, a_len), (b, _)] = in_device[..] {
+            assert_eq!(a + a_len, b, "read {i}: pieces of one window");
+        }
     }
     let promoted = held.promoted.lock().unwrap();
     assert!(!promoted.is_empty(), "readers waited for read-ahead");
@@ -581,38 +592,29 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
     // A reader that runs ahead through what is held plans three windows
     // while the first is in the disk: one goes, two wait for it.
     let mut plans = Vec::new();
+    let mut sent = Vec::new();
     let mut i = 0;
     while plans.len() < 3 {
         if let Some(plan) = read(&mut state, i, 10 + i) {
             let id = plans.len() as u64 + 1;
-            state.fetches.insert(
-                id,
-                Fetch {
-                    start: plan.start,
-                    end: plan.end,
-                    stream: plan.stream,
-                    stale: false,
-                    urgent: false,
-                    waiting: Vec::new(),
-                },
-            );
+            state.fetches.insert(id, fetch(&plan));
             plans.push((id, plan));
+            sent.extend(state.gate(vec![(id, plan)], true, 10 + i));
         }
         i += 1;
     }
     let stream = plans[0].1.stream;
-    let sent = state.gate(plans.clone(), true, 100);
-    assert_eq!(sent.len(), 1);
+    assert_eq!(ids(&sent), [1]);
     // The reader read while the first was in the disk: the next goes.
     state.fetches.remove(1);
     read(&mut state, i, 150);
-    assert_eq!(state.landed(stream, false, 200).map(|(id, _)| id), Some(2));
+    assert_eq!(ids(&state.landed(stream, plans[0].1.end, false, 200)), [2]);
     // It did not read while the second was: the third is dropped, and the
     // stream reads ahead from its start again when its reader returns.
     state.fetches.remove(2);
-    assert_eq!(state.landed(stream, false, 300), None);
+    assert!(state.landed(stream, plans[1].1.end, false, 300).is_empty());
     assert!(state.fetches.get(3).is_none());
-    assert!(state.held.is_empty() && state.sent.is_empty());
+    assert!(state.held.is_empty() && state.turns.is_empty());
     let dropped = plans[2].1;
     let next = (i + 1..i + 64)
         .find_map(|j| read(&mut state, j, 400 + j))
@@ -620,67 +622,134 @@ fn a_disk_stream_whose_reader_stopped_sends_no_more_windows() {
     assert_eq!(next.start, dropped.start);
 }
 
+fn fetch(plan: &Plan) -> Fetch {
+    Fetch {
+        start: plan.start,
+        end: plan.end,
+        stream: plan.stream,
+        window_end: plan.end,
+        stale: false,
+        urgent: false,
+        waiting: Vec::new(),
+    }
+}
+
+fn ids(pieces: &[(u64, Plan)]) -> Vec<u64> {
+    pieces.iter().map(|(id, _)| *id).collect()
+}
+
+/// Registers a window of `stream` at `start` in `pieces` pieces of 1 MiB
+/// and returns them.
+fn window(state: &mut State, stream: u64, start: u64, pieces: u64) -> Vec<(u64, Plan)> {
+    let end = start + (pieces << 20);
+    (0..pieces)
+        .map(|k| {
+            state.next_id += 1;
+            let piece = Plan {
+                stream,
+                start: start + (k << 20),
+                end: start + ((k + 1) << 20),
+                urgent: false,
+                deep: false,
+                beside_others: false,
+            };
+            state.fetches.insert(
+                state.next_id,
+                Fetch {
+                    window_end: end,
+                    ..fetch(&piece)
+                },
+            );
+            (state.next_id, piece)
+        })
+        .collect()
+}
+
+/// Lands `piece` and returns what goes next.
+fn land(state: &mut State, (id, piece): (u64, Plan), now_ns: u64) -> Vec<(u64, Plan)> {
+    state.fetches.remove(id);
+    state.landed(piece.stream, piece.end, true, now_ns)
+}
+
 #[test]
 fn on_a_disk_streams_read_ahead_in_turns() {
     let mut state = State::default();
-    let window = 1 << 20;
-    let mut next_id = 0;
-    let mut plan = |state: &mut State, stream: u64, start: u64| {
-        next_id += 1;
-        let plan = Plan {
-            stream,
-            start,
-            end: start + window,
-            urgent: false,
-            deep: false,
-        };
-        state.fetches.insert(
-            next_id,
-            Fetch {
-                start,
-                end: start + window,
-                stream,
-                stale: false,
-                urgent: false,
-                waiting: Vec::new(),
-            },
-        );
-        (next_id, plan)
-    };
-    let ids = |pieces: &[(u64, Plan)]| pieces.iter().map(|(id, _)| *id).collect::<Vec<_>>();
-    // Three streams each send a window.
-    let first: Vec<_> = (1..=3).map(|s| plan(&mut state, s, s << 30)).collect();
-    assert_eq!(ids(&state.gate(first, true, 100)), [1, 2, 3]);
-    // Stream 1's lands first: its next waits while the other two, sent
-    // before, are in the device.
-    state.fetches.remove(1);
-    assert_eq!(state.landed(1, false, 200), None);
-    let again = plan(&mut state, 1, (1 << 30) + window);
-    assert!(state.gate(vec![again], true, 210).is_empty());
-    // Stream 2's lands: stream 1 still waits for stream 3's, and so does
-    // stream 2's own next.
-    state.fetches.remove(2);
-    assert_eq!(state.landed(2, false, 300), None);
-    assert!(state.turns_come(300).is_empty());
-    let again = plan(&mut state, 2, (2 << 30) + window);
-    assert!(state.gate(vec![again], true, 310).is_empty());
-    // Stream 3's lands: the round is over and both go; stream 3's next
-    // goes beside them.
-    state.fetches.remove(3);
-    assert_eq!(state.landed(3, false, 400), None);
-    assert_eq!(ids(&state.turns_come(400)), [4, 5]);
-    let again = plan(&mut state, 3, (3 << 30) + window);
-    assert_eq!(ids(&state.gate(vec![again], true, 410)), [6]);
+    // Three streams each plan a window: one goes, the others wait in the
+    // order they came.
+    let first: Vec<_> = (1..=3).map(|s| window(&mut state, s, s << 30, 1)).collect();
+    assert_eq!(ids(&state.gate(first[0].clone(), true, 100)), [1]);
+    assert!(state.gate(first[1].clone(), true, 101).is_empty());
+    assert!(state.gate(first[2].clone(), true, 102).is_empty());
+    // Stream 1's lands: stream 2 goes, and stream 1's next waits behind
+    // stream 3, which waited longer.
+    assert_eq!(ids(&land(&mut state, first[0][0], 200)), [2]);
+    let again = window(&mut state, 1, (1 << 30) + (1 << 20), 1);
+    assert!(state.gate(again.clone(), true, 210).is_empty());
+    assert_eq!(ids(&land(&mut state, first[1][0], 300)), [3]);
+    assert_eq!(ids(&land(&mut state, first[2][0], 400)), [again[0].0]);
     // A stream alone on the disk never waits.
-    for id in 4..=6 {
-        state.fetches.remove(id);
-    }
-    state.landed(1, false, 500);
-    state.landed(2, false, 510);
-    state.landed(3, false, 520);
-    assert!(state.landed_at.is_empty());
-    let alone = plan(&mut state, 1, (1 << 30) + 2 * window);
-    assert_eq!(ids(&state.gate(vec![alone], true, 600)), [7]);
+    assert!(land(&mut state, again[0], 500).is_empty());
+    assert!(state.turns.is_empty() && state.waiting.is_empty());
+    let alone = window(&mut state, 2, (2 << 30) + (1 << 20), 1);
+    assert_eq!(ids(&state.gate(alone.clone(), true, 600)), [alone[0].0]);
+}
+
+#[test]
+fn on_a_disk_a_window_goes_two_pieces_at_a_time_and_keeps_its_turn() {
+    let mut state = State::default();
+    let one = window(&mut state, 1, 0, 3);
+    let other = window(&mut state, 2, 1 << 30, 1);
+    assert_eq!(
+        ids(&state.gate(one.clone(), true, 100)),
+        [one[0].0, one[1].0]
+    );
+    assert!(state.gate(other.clone(), true, 110).is_empty());
+    // Each piece of stream 1's window that lands sends the next; stream 2
+    // waits for the whole of it, and stream 1's next window waits behind
+    // stream 2.
+    assert_eq!(ids(&land(&mut state, one[0], 200)), [one[2].0]);
+    let next = window(&mut state, 1, 3 << 20, 1);
+    assert!(state.gate(next.clone(), true, 210).is_empty());
+    assert!(land(&mut state, one[1], 300).is_empty());
+    assert_eq!(ids(&land(&mut state, one[2], 400)), [other[0].0]);
+    assert_eq!(ids(&land(&mut state, other[0], 500)), [next[0].0]);
+}
+
+#[test]
+fn on_a_disk_a_deep_clients_turn_takes_its_next_window_along() {
+    let mut state = State::default();
+    let deep = |mut w: Vec<(u64, Plan)>| {
+        for (_, plan) in &mut w {
+            plan.deep = true;
+        }
+        w
+    };
+    let first = deep(window(&mut state, 1, 0, 1));
+    let second = deep(window(&mut state, 1, 1 << 20, 1));
+    let third = deep(window(&mut state, 1, 2 << 20, 1));
+    let other = window(&mut state, 2, 1 << 30, 1);
+    assert_eq!(ids(&state.gate(first.clone(), true, 100)), [first[0].0]);
+    assert!(state.gate(second.clone(), true, 101).is_empty());
+    assert!(state.gate(other.clone(), true, 102).is_empty());
+    assert!(state.gate(third.clone(), true, 103).is_empty());
+    // The second window goes in the first's turn; then stream 2's turn
+    // comes before the third.
+    assert_eq!(ids(&land(&mut state, first[0], 200)), [second[0].0]);
+    assert_eq!(ids(&land(&mut state, second[0], 300)), [other[0].0]);
+    assert_eq!(ids(&land(&mut state, other[0], 400)), [third[0].0]);
+}
+
+#[test]
+fn on_a_mirror_each_disk_serves_a_window() {
+    let mut state = State {
+        read_devices: 2,
+        ..State::default()
+    };
+    let windows: Vec<_> = (1..=3).map(|s| window(&mut state, s, s << 30, 1)).collect();
+    assert_eq!(ids(&state.gate(windows[0].clone(), true, 100)), [1]);
+    assert_eq!(ids(&state.gate(windows[1].clone(), true, 101)), [2]);
+    assert!(state.gate(windows[2].clone(), true, 102).is_empty());
+    assert_eq!(ids(&land(&mut state, windows[1][0], 200)), [3]);
 }
 
 #[test]
