@@ -135,7 +135,47 @@ struct Cut {
     bytes_min: u64,
 }
 
-/// A stream's window in the devices, sent a piece at a time.
+impl Cut {
+    const WHOLE: Cut = Cut {
+        first_bytes: u64::MAX,
+        bytes: u64::MAX,
+        bytes_min: 0,
+    };
+
+    /// How to cut `plan`, read ahead for a stream of client reads of
+    /// `request` bytes, on a disk (`rotational`) or on flash. On a disk a
+    /// window read one request at a time goes in pieces
+    /// (`DISK_WINDOW_PIECES`). Beside random readers it
+    /// goes whole, as one turn between their reads: its pieces each waited
+    /// in the device queue behind the next of them (a 64 KiB QD1 stream
+    /// beside a 4 KiB QD1 random reader on the HDD model read 8.9 MB/s
+    /// instead of 24). Its window is a quarter of their gap then, and
+    /// short to wait for anyway. A deep client's window stands for reads
+    /// it waits for all together.
+    fn for_plan(plan: &Plan, request: u64, rotational: bool) -> Cut {
+        let first = PIECE_REQUESTS * request;
+        if !rotational {
+            return Cut {
+                first_bytes: first,
+                bytes: first,
+                bytes_min: 0,
+            };
+        }
+        if plan.beside_others || plan.deep {
+            return Cut::WHOLE;
+        }
+        Cut {
+            first_bytes: first,
+            bytes: (plan.end - plan.start)
+                .div_ceil(DISK_WINDOW_PIECES)
+                .next_multiple_of(request)
+                .max(first),
+            bytes_min: first,
+        }
+    }
+}
+
+/// A stream's window in the devices, sent in pieces.
 struct Turn {
     start: u64,
     end: u64,
@@ -612,36 +652,7 @@ impl ReadaheadStore {
         let answer = answer.then_answered(me, stream, length);
         let request = length.max(u64::from(info.block_bytes));
         let read_ahead = plan.map_or_else(Vec::new, |plan| {
-            let first = PIECE_REQUESTS * request;
-            let cut = if info.rotational && !plan.beside_others && !plan.deep {
-                Cut {
-                    first_bytes: first,
-                    bytes: (plan.end - plan.start)
-                        .div_ceil(DISK_WINDOW_PIECES)
-                        .next_multiple_of(request)
-                        .max(first),
-                    bytes_min: first,
-                }
-            } else if info.rotational {
-                // Beside random readers a window goes whole, as one turn
-                // between their reads: its pieces each waited in the device
-                // queue behind the next of them (a 64 KiB QD1 stream beside
-                // a 4 KiB QD1 random reader on the HDD model read 8.9 MB/s
-                // instead of 24). Its window is a quarter of their gap then,
-                // and short to wait for anyway. A deep client's window
-                // stands for reads it waits for all together.
-                Cut {
-                    first_bytes: u64::MAX,
-                    bytes: u64::MAX,
-                    bytes_min: 0,
-                }
-            } else {
-                Cut {
-                    first_bytes: first,
-                    bytes: first,
-                    bytes_min: 0,
-                }
-            };
+            let cut = Cut::for_plan(&plan, request, info.rotational);
             let pieces = self.register(&mut state, plan, cut);
             state.gate(pieces, info.rotational, now_ns)
         });
@@ -729,12 +740,7 @@ impl ReadaheadStore {
                 deep: false,
                 beside_others: false,
             };
-            let whole = Cut {
-                first_bytes: u64::MAX,
-                bytes: u64::MAX,
-                bytes_min: 0,
-            };
-            self.register(&mut state, plan, whole)
+            self.register(&mut state, plan, Cut::WHOLE)
         };
         for piece in pieces {
             self.fetch(piece);
