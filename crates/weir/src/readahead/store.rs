@@ -297,13 +297,22 @@ impl State {
         };
         let mut pieces = Vec::new();
         while turn.in_flight < DISK_PIECES_IN_FLIGHT {
-            let Some(piece) = held.pop_front_if(|(_, p)| p.start < end) else {
+            let Some(piece) = self.take_held(held, end) else {
                 break;
             };
             turn.in_flight += 1;
             pieces.push(piece);
         }
         Some((turn, pieces))
+    }
+
+    /// The next held piece, if it starts before `end`, taken from `held`.
+    /// Whoever came to wait for it while it was held waits for it as for
+    /// a client read.
+    fn take_held(&self, held: &mut VecDeque<(u64, Plan)>, end: u64) -> Option<(u64, Plan)> {
+        let (id, mut plan) = held.pop_front_if(|(_, p)| p.start < end)?;
+        plan.urgent = self.fetches.get(id).is_some_and(|f| f.urgent);
+        Some((id, plan))
     }
 
     /// Drop `stream`'s held read-aheads that its reader already read past
@@ -343,7 +352,7 @@ impl State {
         let mut held = self.held.remove(&stream).unwrap_or_default();
         // What the reader already read by itself need not come again.
         self.skip_read_past(stream, &mut held);
-        let next = held.pop_front_if(|(_, p)| p.start < turn_end);
+        let next = self.take_held(&mut held, turn_end);
         if next.is_some() || in_flight > 0 {
             if !held.is_empty() {
                 self.held.insert(stream, held);
@@ -830,12 +839,7 @@ impl ReadaheadStore {
         let mut state = self.state();
         let fetch = state.fetches.remove(id).expect("a fetch lands once");
         let now_ns = (self.clock)();
-        let mut next = state.landed(fetch.stream, fetch.end, !fetch.waiting.is_empty(), now_ns);
-        // Whoever waits for a held read-ahead waits for it as for a
-        // client read.
-        for (id, plan) in &mut next {
-            plan.urgent = state.fetches.get(*id).is_some_and(|f| f.urgent);
-        }
+        let next = state.landed(fetch.stream, fetch.end, !fetch.waiting.is_empty(), now_ns);
         let length = fetch.end - fetch.start;
         let stale = fetch.stale || state.write_in_flight_over(fetch.start, fetch.end);
         let data = match (outcome.result, outcome.buf) {
